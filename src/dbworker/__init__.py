@@ -1,0 +1,31 @@
+"""dbworker: background work in process workers, coordinated through your SQL database."""
+
+from .coordinator import Coordinator
+from .core.errors import (
+    ConfigurationError,
+    DBWorkerError,
+    HandlerContractError,
+    HandlerTimeout,
+    UnknownWorkerError,
+    WorkerCrashed,
+)
+from .core.outcomes import Finished, Outcome, Unfinished
+from .core.status import ExecutionStatus
+from .core.timing import RetryPolicy
+from .worker import Worker
+
+__all__ = [
+    "ConfigurationError",
+    "Coordinator",
+    "DBWorkerError",
+    "ExecutionStatus",
+    "Finished",
+    "HandlerContractError",
+    "HandlerTimeout",
+    "Outcome",
+    "RetryPolicy",
+    "Unfinished",
+    "UnknownWorkerError",
+    "Worker",
+    "WorkerCrashed",
+]

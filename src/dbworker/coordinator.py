@@ -1,0 +1,302 @@
+"""The Coordinator: registers workers, owns their tables, runs the scheduler."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from .core.errors import ConfigurationError, DBWorkerError, UnknownWorkerError
+from .core.names import table_name, validate_worker_name
+from .core.status import ExecutionStatus
+from .core.timing import PollBackoff, RetryPolicy, Timings, require_positive
+from .dialects import Dialect, Owner, for_url
+from .executors import ChildConfig, Executor, ProcessPool
+from .scheduler import Health, Lane, Scheduler
+from .schema import expected_columns
+from .worker import (
+    DEFAULT_MAX_CRASHES,
+    Eligible,
+    Worker,
+    check_concurrency,
+    check_importable,
+    check_picklable,
+    source_mapper,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Coordinator:
+    """Coordinates workers through the application's database.
+
+    ``session_factory`` is the application's; dbworker creates its tables through
+    it and checks it points at ``database_url``. Scheduling runs on a dedicated
+    engine built from ``database_url`` and ``engine_options`` (as child processes
+    do), so a busy application pool can never starve lease renewals.
+    """
+
+    def __init__(
+        self,
+        session_factory: sessionmaker[Any] | Callable[[], Session],
+        *,
+        database_url: str | URL,
+        engine_options: Mapping[str, Any] | None = None,
+        lease_seconds: float = 30,
+        poll_seconds: float = 0.25,
+        max_poll_seconds: float = 10,
+    ) -> None:
+        if not callable(session_factory):
+            raise ConfigurationError("session_factory must be a SQLAlchemy sessionmaker")
+        try:
+            self._url = make_url(database_url)
+        except Exception as exc:
+            raise ConfigurationError(f"invalid database_url {database_url!r}: {exc}") from exc
+        if engine_options is not None and not isinstance(engine_options, Mapping):
+            raise ConfigurationError("engine_options must be a mapping of create_engine() options")
+        self.session_factory = session_factory
+        self.engine_options: dict[str, Any] = dict(engine_options or {})
+        self.timings = Timings(lease_seconds, poll_seconds, max_poll_seconds)
+        self.dialect: Dialect = for_url(self._url)
+        self.dialect.validate_url(self._url)
+        self._check_same_database()
+        self._workers: dict[str, Worker] = {}
+        self._lock = threading.Lock()
+        self._scheduler: Scheduler | None = None
+        self._engine: Engine | None = None
+
+    @property
+    def database_url(self) -> str:
+        return self._url.render_as_string(hide_password=False)
+
+    @property
+    def workers(self) -> Mapping[str, Worker]:
+        """Registered workers by name (read-only)."""
+        return MappingProxyType(self._workers)
+
+    # -- registration ------------------------------------------------------------------
+
+    def transactional_worker(
+        self,
+        name: str,
+        source: type[Any],
+        eligible: Eligible | None = None,
+        concurrency: int = 1,
+        *,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        max_crashes: int = DEFAULT_MAX_CRASHES,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as the handler of worker ``name``.
+
+        The function is returned unchanged, so it stays callable in unit tests.
+        """
+        max_length = self._url.get_dialect().max_identifier_length or 63
+        validate_worker_name(name, max_length)
+        check_concurrency(concurrency)
+        if eligible is not None and not callable(eligible):
+            raise ConfigurationError(
+                "eligible must be a callable returning a select(...) statement"
+            )
+        if timeout is not None:
+            require_positive("timeout", timeout)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"retry must be a RetryPolicy, got {retry!r}")
+        if isinstance(max_crashes, bool) or not isinstance(max_crashes, int) or max_crashes < 1:
+            raise ConfigurationError(f"max_crashes must be an int >= 1, got {max_crashes!r}")
+        with self._lock:
+            self._check_not_started("register a worker")
+            if name in self._workers:
+                raise ConfigurationError(f"a worker named {name!r} is already registered")
+            # Validate the source now, before the decorator receives the handler.
+            source_mapper(source)
+
+        def register(handler: F) -> F:
+            check_importable(handler)
+            with self._lock:
+                self._check_not_started("register a worker")
+                if name in self._workers:
+                    raise ConfigurationError(f"a worker named {name!r} is already registered")
+                self._workers[name] = Worker(
+                    name=name,
+                    handler=handler,
+                    source=source,
+                    eligible=eligible,
+                    concurrency=concurrency,
+                    dialect=self.dialect,
+                    timeout=timeout,
+                    retry=retry,
+                    max_crashes=max_crashes,
+                )
+            return handler
+
+        return register
+
+    def _worker(self, name: str) -> Worker:
+        try:
+            return self._workers[name]
+        except KeyError:
+            known = ", ".join(sorted(self._workers)) or "none"
+            raise UnknownWorkerError(
+                f"no worker named {name!r} is registered (registered: {known})"
+            ) from None
+
+    def _check_not_started(self, action: str) -> None:
+        if self._scheduler is not None:
+            raise ConfigurationError(f"cannot {action} after start()")
+
+    # -- tables ------------------------------------------------------------------------
+
+    def create_worker_tables(self) -> None:
+        """Create the execution tables of all registered workers (idempotent), and
+        check that tables which already exist have the shape this version expects."""
+        if not self._workers:
+            raise ConfigurationError("register workers before create_worker_tables()")
+        with self.session_factory() as session:
+            bind = session.connection()
+            tables = [w.table.table for w in self._workers.values()]
+            for table in tables:
+                table.create(bind, checkfirst=True)
+            session.commit()
+            self._check_tables(session)
+
+    def _check_tables(self, session: Session) -> None:
+        inspector = inspect(session.connection())
+        for worker in self._workers.values():
+            name = table_name(worker.name)
+            if not inspector.has_table(name):
+                raise ConfigurationError(
+                    f"the table {name} of worker {worker.name!r} does not exist; call "
+                    "coordinator.create_worker_tables() (or run your migrations) first"
+                )
+            present = {c["name"] for c in inspector.get_columns(name)}
+            missing = sorted(expected_columns() - present)
+            if missing:
+                raise ConfigurationError(
+                    f"the table {name} of worker {worker.name!r} has an older or different "
+                    f"shape: missing columns {', '.join(missing)}"
+                )
+
+    def _check_same_database(self) -> None:
+        kw = getattr(self.session_factory, "kw", {})
+        bind = kw.get("bind") if isinstance(kw, Mapping) else None
+        if not isinstance(bind, Engine):
+            return
+        ours, theirs = self._url, bind.url
+        same = (
+            ours.get_backend_name() == theirs.get_backend_name()
+            and (ours.host or "") == (theirs.host or "")
+            and (ours.port or 0) == (theirs.port or 0)
+            and (ours.database or "") == (theirs.database or "")
+        )
+        if not same:
+            raise ConfigurationError(
+                f"database_url ({ours.render_as_string()}) and the session factory's engine "
+                f"({theirs.render_as_string()}) point at different databases"
+            )
+
+    # -- running -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start claiming and running work in the background; returns at once."""
+        with self._lock:
+            self._check_not_started("start")
+            if not self._workers:
+                raise ConfigurationError("register at least one worker before start()")
+            for worker in self._workers.values():
+                check_picklable(worker.name, worker.handler)
+                worker.eligible_query()
+            with self.session_factory() as session:
+                self._check_tables(session)
+            engine = create_engine(
+                self._url, **{**self.dialect.coordinator_engine_options(), **self.engine_options}
+            )
+            self.dialect.configure_engine(engine)
+            config = ChildConfig(self.database_url, self.engine_options, _pid())
+            lanes = [
+                Lane(
+                    worker,
+                    self._executor(worker, config),
+                    PollBackoff(self.timings.poll_seconds, self.timings.max_poll_seconds),
+                )
+                for worker in self._workers.values()
+            ]
+            self._engine = engine
+            self._scheduler = Scheduler(engine, self.dialect, lanes, self.timings, Owner.current())
+            self._scheduler.start()
+            atexit.register(self._at_exit)
+
+    def _executor(self, worker: Worker, config: ChildConfig) -> Executor:
+        return ProcessPool(worker.concurrency, config)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop claiming and wait for running handlers to finish.
+
+        With ``timeout``, handlers still running after that many seconds are killed
+        and their items released so any coordinator can claim them at once.
+        """
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
+        ):
+            raise ConfigurationError(f"timeout must be a number >= 0, got {timeout!r}")
+        scheduler = self._scheduler
+        if scheduler is None:
+            return
+        scheduler.request_stop(timeout)
+        if threading.current_thread() is not scheduler.thread:
+            scheduler.thread.join()
+        if self._engine is not None:
+            self._engine.dispose()
+        atexit.unregister(self._at_exit)
+
+    def _at_exit(self) -> None:
+        self.stop(timeout=0)
+
+    @property
+    def running(self) -> bool:
+        return self._scheduler is not None and self._scheduler.thread.is_alive()
+
+    def health(self) -> Health:
+        """The scheduler's health: running, database reachable, the last error."""
+        if self._scheduler is None:
+            return Health()
+        return self._scheduler.health
+
+    def __enter__(self) -> Coordinator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- status ----------------------------------------------------------------------------
+
+    def execution_status(
+        self, session: Session, *, worker: str, source_id: Any
+    ) -> ExecutionStatus | None:
+        """The status of ``source_id`` under ``worker``; None before its first claim."""
+        return self._worker(worker).status(session, source_id)
+
+    def has_execution_status(
+        self, *, worker: str, source_id: Any, statuses: Iterable[ExecutionStatus]
+    ) -> Any:
+        """A SQL condition: ``worker`` has one of ``statuses`` for ``source_id``.
+
+        Use it in ``where()``, including inside another worker's ``eligible``.
+        """
+        return self._worker(worker).has_status(source_id, statuses)
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+__all__ = ["Coordinator", "DBWorkerError"]

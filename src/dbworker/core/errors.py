@@ -1,0 +1,40 @@
+"""Every error dbworker raises derives from DBWorkerError."""
+
+from __future__ import annotations
+
+
+class DBWorkerError(Exception):
+    """Base class of dbworker's own errors."""
+
+
+class ConfigurationError(DBWorkerError, ValueError):
+    """Bad input to the public API, reported at the earliest moment it can be seen."""
+
+
+class UnknownWorkerError(DBWorkerError, KeyError):
+    """A worker name that no ``transactional_worker`` registered."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidTransition(DBWorkerError):
+    """An event that the execution state machine does not allow from the current status."""
+
+
+class StaleToken(InvalidTransition):
+    """A fenced event carried a token that is no longer the record's current one:
+    the caller lost its claim (it expired and another holder took over)."""
+
+
+class HandlerContractError(DBWorkerError, TypeError):
+    """A handler broke its contract: wrong return type, or it committed or closed
+    the session dbworker owns."""
+
+
+class WorkerCrashed(DBWorkerError):
+    """The process running a handler died before reporting an outcome."""
+
+
+class HandlerTimeout(DBWorkerError):
+    """A handler ran longer than its worker's ``timeout`` and was killed."""

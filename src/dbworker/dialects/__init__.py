@@ -1,0 +1,18 @@
+"""Per-database strategies behind one interface, and the registry that picks one."""
+
+from .base import Claim, Clock, Dialect, ErrorInfo, Owner, WorkerTable
+from .registry import ENTRY_POINT_GROUP, dialect_class, for_engine, for_url, register
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Claim",
+    "Clock",
+    "Dialect",
+    "ErrorInfo",
+    "Owner",
+    "WorkerTable",
+    "dialect_class",
+    "for_engine",
+    "for_url",
+    "register",
+]

@@ -1,0 +1,507 @@
+"""The dialect boundary: everything dbworker asks of a database, in one interface.
+
+A dialect turns the transitions of ``core.transitions`` into SQL. The shared
+statements are written once here with SQLAlchemy Core; a subclass overrides only
+where its database diverges (how to lock candidates, how to insert-or-ignore,
+what "now" is, which errors are worth retrying), with a comment saying why.
+
+Every method takes an open ``Connection`` inside a transaction the caller owns,
+so the completion of a handler commits in the handler's own transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Float,
+    Select,
+    Table,
+    and_,
+    case,
+    exists,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
+from sqlalchemy.sql.dml import Insert
+
+from ..core.status import OPEN, ExecutionStatus, Phase
+from ..core.transitions import Event, sources
+
+#: A clock for tests: seconds since the epoch. Production reads the database's clock.
+Clock = Callable[[], float]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerTable:
+    """What a dialect needs to know about one worker: its table and its source's key."""
+
+    name: str
+    table: Table
+    source_pk: ColumnElement[Any]
+    #: Integer keys grow with inserts, so new rows can be found above a watermark.
+    monotonic_keys: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    source_id: Any
+    token: int
+    attempts: int
+    failures: int
+    crashes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    message: str
+    type: str | None = None
+    traceback: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Owner:
+    host: str
+    pid: int
+
+    @classmethod
+    def current(cls) -> Owner:
+        import os
+
+        return cls(socket.gethostname()[:255], os.getpid())
+
+
+def _lit(phase: Phase) -> ColumnElement[str]:
+    # Literal (not bound) status values let planners match the partial index's
+    # predicate even in prepared, generic plans.
+    return literal_column(f"'{phase.value}'")
+
+
+def _in(column: ColumnElement[str], phases: Iterable[Phase]) -> ColumnElement[bool]:
+    return column.in_([_lit(p) for p in sorted(phases)])
+
+
+def epoch_to_datetime(value: float | None) -> dt.datetime | None:
+    if value is None:
+        return None
+    return dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
+
+
+class Dialect:
+    """Shared SQL for every database; subclasses override the divergent parts."""
+
+    #: The SQLAlchemy backend names (``URL.get_backend_name()``) this dialect serves.
+    backend_names: ClassVar[tuple[str, ...]] = ()
+    #: Whether a claim can skip rows another transaction has locked.
+    supports_skip_locked: ClassVar[bool] = False
+    #: Whether two coordinator transactions can claim at the same time.
+    supports_concurrent_claims: ClassVar[bool] = True
+    #: How many candidate rows a discovery or sweep round reads at most.
+    discovery_batch: ClassVar[int] = 1000
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock
+
+    # -- configuration -------------------------------------------------------------
+
+    def validate_url(self, url: URL) -> None:
+        """Reject URLs this database cannot coordinate through (e.g. in-memory SQLite)."""
+
+    def configure_engine(self, engine: Engine) -> None:
+        """Set up an engine dbworker created itself (coordinator or child process)."""
+
+    def coordinator_engine_options(self) -> dict[str, Any]:
+        """Options merged under the user's ``engine_options`` for the coordinator's engine
+        (child processes use the user's options alone: handlers get the app's defaults)."""
+        return {"pool_pre_ping": True}
+
+    # -- time ----------------------------------------------------------------------
+
+    def now(self) -> ColumnElement[float]:
+        """The current time as SQL: the database's clock, or the injected test clock."""
+        if self.clock is not None:
+            return literal(self.clock(), Float())
+        return self.db_now()
+
+    def db_now(self) -> ColumnElement[float]:  # pragma: no cover - every dialect overrides
+        raise NotImplementedError
+
+    # -- discovery -----------------------------------------------------------------
+
+    def discover(self, conn: Connection, worker: WorkerTable) -> int:
+        """Add pending records for source rows newer than any the table knows.
+
+        The watermark is the largest known source id (an index lookup), so an idle
+        poll costs the same with a million finished rows as with none. Rows whose
+        inserts commit out of key order land below the watermark; ``sweep`` finds them.
+        """
+        if not worker.monotonic_keys:
+            return self.sweep(conn, worker)
+        table, pk = worker.table, worker.source_pk
+        watermark = conn.execute(select(func.max(table.c.source_id))).scalar()
+        query = select(pk, self.now()).order_by(pk).limit(self.discovery_batch)
+        if watermark is not None:
+            query = query.where(pk > watermark)
+        return self._add_pending(conn, worker, conn.execute(query).all())
+
+    def sweep(self, conn: Connection, worker: WorkerTable, above: Any = None) -> int:
+        """Add pending records for every source row (above ``above``) that has none."""
+        table, pk = worker.table, worker.source_pk
+        query = (
+            select(pk, self.now())
+            .where(~exists().where(table.c.source_id == pk))
+            .order_by(pk)
+            .limit(self.discovery_batch)
+        )
+        if above is not None:
+            query = query.where(pk > above)
+        return self._add_pending(conn, worker, conn.execute(query).all())
+
+    def watermark(self, conn: Connection, worker: WorkerTable) -> Any:
+        return conn.execute(select(func.max(worker.table.c.source_id))).scalar()
+
+    def _add_pending(self, conn: Connection, worker: WorkerTable, rows: Sequence[Any]) -> int:
+        if not rows:
+            return 0
+        values = [
+            {
+                "source_id": source_id,
+                "status": Phase.PENDING.value,
+                "token": 0,
+                "attempts": 0,
+                "failures": 0,
+                "crashes": 0,
+                "discovered_at": float(now),
+                "updated_at": float(now),
+            }
+            for source_id, now in rows
+        ]
+        conn.execute(self.insert_ignore(worker.table).values(values))
+        return len(values)
+
+    def insert_ignore(self, table: Table) -> Insert:  # pragma: no cover - overridden
+        """An INSERT that skips rows whose key exists (another coordinator found them)."""
+        raise NotImplementedError
+
+    # -- claiming ------------------------------------------------------------------
+
+    def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
+        """SQL for ``core.transitions.Record.claimable``: CLAIM or TAKEOVER is legal now."""
+        status = table.c.status
+        return and_(
+            _in(status, OPEN),
+            or_(
+                status == _lit(Phase.PENDING),
+                and_(
+                    status == _lit(Phase.UNFINISHED),
+                    or_(table.c.not_before.is_(None), table.c.not_before <= now),
+                ),
+                and_(status == _lit(Phase.WORKING), table.c.lease_expires_at < now),
+            ),
+        )
+
+    def candidates(
+        self, worker: WorkerTable, eligible: Select[Any], limit: int, now: ColumnElement[float]
+    ) -> Select[Any]:
+        """The eligible query rewritten to return claimable execution records, in its order."""
+        table = worker.table
+        return (
+            eligible.with_only_columns(
+                table.c.source_id,
+                table.c.token,
+                table.c.attempts,
+                table.c.failures,
+                table.c.crashes,
+                maintain_column_froms=True,
+            )
+            .where(table.c.source_id == worker.source_pk, self.claimable(table, now))
+            .limit(limit)
+        )
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        """Select and lock up to ``limit`` claimable records (old tokens)."""
+        rows = conn.execute(self.candidates(worker, eligible, limit, self.now())).all()
+        return [Claim(*row) for row in rows]
+
+    def claim(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        eligible: Select[Any],
+        limit: int,
+        lease_seconds: float,
+        owner: Owner,
+    ) -> list[Claim]:
+        """Claim up to ``limit`` eligible records: each gets a new token and a lease."""
+        if limit < 1:
+            return []
+        locked = self.lock_candidates(conn, worker, eligible, limit)
+        if not locked:
+            return []
+        table, now = worker.table, self.now()
+        ids = [c.source_id for c in locked]
+        statement = (
+            update(table)
+            .where(table.c.source_id.in_(ids))
+            # MySQL evaluates SET left to right with already-updated values, so
+            # ``crashes`` must read ``status`` before ``status`` is overwritten.
+            .ordered_values(
+                (
+                    table.c.crashes,
+                    # A takeover means the previous holder vanished: count it as
+                    # a crash, so a handler that kills its coordinator is bounded.
+                    table.c.crashes + case((table.c.status == _lit(Phase.WORKING), 1), else_=0),
+                ),
+                (table.c.status, Phase.WORKING.value),
+                (table.c.token, table.c.token + 1),
+                (table.c.lease_expires_at, now + lease_seconds),
+                (table.c.not_before, None),
+                (table.c.attempts, table.c.attempts + 1),
+                (table.c.claimed_at, now),
+                (table.c.updated_at, now),
+                (table.c.owner_host, owner.host),
+                (table.c.owner_pid, owner.pid),
+            )
+        )
+        conn.execute(statement)
+        return [dataclasses.replace(c, token=c.token + 1, attempts=c.attempts + 1) for c in locked]
+
+    # -- fenced transitions ----------------------------------------------------------
+
+    def _fenced(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        event: Event,
+        source_id: Any,
+        token: int,
+        values: Mapping[str, Any],
+    ) -> bool:
+        """Apply ``event`` if ``token`` is still current; False means the claim was lost."""
+        table = worker.table
+        statement = (
+            update(table)
+            .where(
+                table.c.source_id == source_id,
+                table.c.token == token,
+                _in(table.c.status, sources(event)),
+            )
+            .values(**values, updated_at=self.now())
+        )
+        return conn.execute(statement).rowcount == 1
+
+    def renew(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        held: Sequence[tuple[Any, int]],
+        lease_seconds: float,
+    ) -> list[Any]:
+        """Extend the leases of ``held`` (source id, token) pairs; return the ids whose
+        token is no longer current, or that are no longer WORKING under it."""
+        lease = self.now() + lease_seconds
+        return [
+            source_id
+            for source_id, token in held
+            if not self._fenced(
+                conn, worker, Event.RENEW, source_id, token, {"lease_expires_at": lease}
+            )
+        ]
+
+    def current_token(self, conn: Connection, worker: WorkerTable, source_id: Any) -> int | None:
+        table = worker.table
+        return conn.execute(select(table.c.token).where(table.c.source_id == source_id)).scalar()
+
+    def finish(self, conn: Connection, worker: WorkerTable, source_id: Any, token: int) -> bool:
+        now = self.now()
+        return self._fenced(
+            conn,
+            worker,
+            Event.FINISH,
+            source_id,
+            token,
+            {
+                "status": Phase.FINISHED.value,
+                "lease_expires_at": None,
+                "not_before": None,
+                "finished_at": now,
+                "error": None,
+                "error_type": None,
+                "traceback": None,
+            },
+        )
+
+    def unfinish(
+        self, conn: Connection, worker: WorkerTable, source_id: Any, token: int, delay: float
+    ) -> bool:
+        return self._fenced(
+            conn,
+            worker,
+            Event.UNFINISH,
+            source_id,
+            token,
+            {
+                "status": Phase.UNFINISHED.value,
+                "lease_expires_at": None,
+                "not_before": self.now() + float(delay),
+                "error": None,
+                "error_type": None,
+                "traceback": None,
+            },
+        )
+
+    def _error_values(self, error: ErrorInfo) -> dict[str, Any]:
+        from ..schema import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS
+
+        return {
+            "error": _bounded(error.message, MAX_ERROR_CHARS),
+            "error_type": _bounded(error.type, 255),
+            "traceback": _bounded(error.traceback, MAX_TRACEBACK_CHARS),
+        }
+
+    def fail(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        source_id: Any,
+        token: int,
+        error: ErrorInfo,
+        retry_delay: float | None = None,
+    ) -> bool:
+        """FAILED, or UNFINISHED for ``retry_delay`` seconds when a retry policy allows."""
+        table = worker.table
+        values: dict[str, Any] = {"lease_expires_at": None, **self._error_values(error)}
+        if retry_delay is None:
+            values |= {"status": Phase.FAILED.value, "finished_at": self.now()}
+        else:
+            values |= {
+                "status": Phase.UNFINISHED.value,
+                "not_before": self.now() + float(retry_delay),
+                "failures": table.c.failures + 1,
+            }
+        return self._fenced(conn, worker, Event.FAIL, source_id, token, values)
+
+    def release(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        source_id: Any,
+        token: int,
+        error: ErrorInfo,
+        max_crashes: int,
+        crashed: bool = True,
+    ) -> bool:
+        """Give the item up: claimable again at once. A crash counts towards
+        ``max_crashes`` and the item ends FAILED once it reaches it; a deliberate
+        release (a coordinator stopping with a deadline) does not count."""
+        table = worker.table
+        crashes = table.c.crashes + (1 if crashed else 0)
+        values: dict[str, Any] = {
+            "lease_expires_at": None,
+            "not_before": None,
+            "crashes": crashes,
+            "status": case(
+                (crashes >= max_crashes, Phase.FAILED.value), else_=Phase.UNFINISHED.value
+            ),
+            **self._error_values(error),
+        }
+        return self._fenced(conn, worker, Event.RELEASE, source_id, token, values)
+
+    def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
+        table = worker.table
+        statement = (
+            update(table)
+            .where(table.c.source_id == source_id, _in(table.c.status, sources(Event.RESET)))
+            .values(
+                status=Phase.UNFINISHED.value,
+                lease_expires_at=None,
+                not_before=None,
+                failures=0,
+                crashes=0,
+                error=None,
+                error_type=None,
+                traceback=None,
+                owner_host=None,
+                owner_pid=None,
+                updated_at=self.now(),
+            )
+        )
+        return conn.execute(statement).rowcount == 1
+
+    # -- reading -------------------------------------------------------------------
+
+    def status_condition(
+        self, worker: WorkerTable, source_id: Any, statuses: Iterable[ExecutionStatus]
+    ) -> ColumnElement[bool]:
+        """A correlated EXISTS: does ``worker`` have one of ``statuses`` for ``source_id``?"""
+        table = worker.table
+        wanted = [ExecutionStatus(s).value for s in statuses]
+        return exists().where(table.c.source_id == source_id, table.c.status.in_(wanted))
+
+    def read_status(self, conn: Connection, worker: WorkerTable, source_id: Any) -> Phase | None:
+        table = worker.table
+        value = conn.execute(select(table.c.status).where(table.c.source_id == source_id)).scalar()
+        return None if value is None else Phase(value)
+
+    def read_state(
+        self, conn: Connection, worker: WorkerTable, source_id: Any
+    ) -> dict[str, Any] | None:
+        table = worker.table
+        row = conn.execute(select(table).where(table.c.source_id == source_id)).mappings().first()
+        if row is None or row["status"] == Phase.PENDING.value:
+            return None
+        return {
+            "execution_status": ExecutionStatus(row["status"]),
+            "error": row["error"],
+            "lease_expires_at": epoch_to_datetime(row["lease_expires_at"]),
+            "error_type": row["error_type"],
+            "traceback": row["traceback"],
+            "attempts": row["attempts"],
+            "failures": row["failures"],
+            "crashes": row["crashes"],
+            "not_before": epoch_to_datetime(row["not_before"]),
+            "claimed_at": epoch_to_datetime(row["claimed_at"]),
+            "finished_at": epoch_to_datetime(row["finished_at"]),
+            "updated_at": epoch_to_datetime(row["updated_at"]),
+            "owner": (
+                None
+                if row["owner_host"] is None
+                else {"host": row["owner_host"], "pid": row["owner_pid"]}
+            ),
+        }
+
+    def counts(self, conn: Connection, worker: WorkerTable) -> dict[Phase, int]:
+        table = worker.table
+        rows = conn.execute(select(table.c.status, func.count()).group_by(table.c.status)).all()
+        return {Phase(status): int(n) for status, n in rows}
+
+    # -- errors --------------------------------------------------------------------
+
+    def is_transient(self, error: BaseException) -> bool:
+        """Whether retrying the same work later can succeed (lost connection, deadlock,
+        lock timeout, busy database), as opposed to a bug or a schema problem."""
+        if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+            return True
+        return isinstance(error, sa_exc.OperationalError | sa_exc.InterfaceError)
+
+
+def _bounded(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    marker = f"... [{len(text) - limit} characters cut]"
+    return text[: limit - len(marker)] + marker

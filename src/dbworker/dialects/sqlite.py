@@ -1,0 +1,73 @@
+"""SQLite: one writer at a time, so a claim takes the write lock up front."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sqlalchemy import ColumnElement, Engine, Float, Table, event, func, literal
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import URL
+from sqlalchemy.sql.dml import Insert
+
+from ..core.errors import ConfigurationError
+from .base import Dialect
+
+#: How long a connection waits for the write lock before SQLITE_BUSY.
+BUSY_TIMEOUT_MS = 30_000
+
+
+def is_memory_url(url: URL) -> bool:
+    database = url.database or ""
+    return (
+        database in ("", ":memory:")
+        or database.startswith("file::memory:")
+        or "mode=memory" in database
+        or url.query.get("mode") == "memory"
+    )
+
+
+class SQLiteDialect(Dialect):
+    backend_names: ClassVar[tuple[str, ...]] = ("sqlite",)
+    # SQLAlchemy silently drops FOR UPDATE on SQLite; exclusivity comes from the
+    # database-wide write lock that BEGIN IMMEDIATE takes instead.
+    supports_skip_locked: ClassVar[bool] = False
+    supports_concurrent_claims: ClassVar[bool] = False
+
+    def validate_url(self, url: URL) -> None:
+        if is_memory_url(url):
+            raise ConfigurationError(
+                "an in-memory SQLite database cannot be shared with worker processes; "
+                "use a file-backed database such as sqlite:///work.db"
+            )
+
+    def db_now(self) -> ColumnElement[float]:
+        # julianday() has millisecond resolution and is fixed for one statement.
+        return ((func.julianday(literal("now")) - 2440587.5) * 86400.0).cast(Float())
+
+    def insert_ignore(self, table: Table) -> Insert:
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=["source_id"])
+
+    def configure_engine(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi_connection: Any, _record: Any) -> None:
+            # pysqlite's own implicit BEGIN is deferred; turn it off and issue
+            # BEGIN IMMEDIATE ourselves (below) so a transaction that will write
+            # holds the lock from its first statement: an upgrade from a read
+            # transaction can fail with SQLITE_BUSY without waiting.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                # WAL lets readers (the application, status queries) proceed
+                # while a claim or a handler transaction writes.
+                cursor.execute("PRAGMA journal_mode = WAL")
+            finally:
+                cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(connection: Any) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def is_transient(self, error: BaseException) -> bool:
+        message = str(getattr(error, "orig", error)).lower()
+        return "locked" in message or "busy" in message or super().is_transient(error)

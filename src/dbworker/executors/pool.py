@@ -1,0 +1,271 @@
+"""The default executor: a persistent pool of handler processes.
+
+Each child runs one handler at a time and talks to the coordinator over its own
+pipe, so a child's death touches only the item it was running: the coordinator
+sees the pipe close or the process sentinel fire, releases that one claim, and
+the pool starts a replacement. Children are started with forkserver (or spawn),
+never a plain fork of the threaded coordinator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from ..core.errors import ConfigurationError
+from .base import ChildConfig, Executor, Result, ResultKind, Task, TaskKey
+from .runtime import Runtime, describe
+
+#: How often a child checks that its coordinator is still alive.
+PARENT_CHECK_SECONDS = 1.0
+#: How long shutdown waits for an idle child to exit before killing it.
+EXIT_GRACE_SECONDS = 5.0
+
+
+def default_start_method() -> str:
+    # forkserver forks from a clean single-threaded server (cheap, and safe from
+    # the coordinator's threads); spawn is the portable fallback.
+    methods = multiprocessing.get_all_start_methods()
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "the handler process vanished"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"the handler process was killed by {name} (exit status {exitcode})"
+    return f"the handler process exited with status {exitcode}"
+
+
+def _watch_parent(parent_pid: int) -> None:
+    # An orphaned handler would keep running beside the coordinator that takes
+    # its item over; its writes would be fenced off, but its side effects not.
+    while True:
+        time.sleep(PARENT_CHECK_SECONDS)
+        if os.getppid() != parent_pid:
+            os._exit(70)
+
+
+def child_main(conn: Connection, config: ChildConfig) -> None:
+    # Ctrl-C reaches the whole process group; the coordinator decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
+    runtime = Runtime(config)
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return
+            if message is None:
+                return
+            header, payload = message
+            conn.send(run_message(runtime, header, payload))
+    finally:
+        runtime.dispose()
+
+
+def run_message(runtime: Runtime, header: tuple[Any, ...], payload: bytes) -> Result:
+    worker, source_id, token, attempt, failures = header
+    try:
+        handler, source, retry = pickle.loads(payload)
+    except Exception as exc:  # the handler's module cannot be imported here
+        info = describe(exc)
+        return Result(
+            (worker, source_id, token),
+            ResultKind.UNRECORDED,
+            error=f"cannot import the handler in the worker process: {info.message}",
+            error_type=info.type,
+            traceback=info.traceback,
+        )
+    task = Task(worker, source_id, token, attempt, failures, handler, source, retry)
+    return runtime.run(task)
+
+
+def task_message(task: Task, payload: bytes) -> tuple[tuple[Any, ...], bytes]:
+    return (task.worker, task.source_id, task.token, task.attempt, task.failures), payload
+
+
+def task_payload(task: Task) -> bytes:
+    return pickle.dumps((task.handler, task.source, task.retry))
+
+
+@dataclass(slots=True)
+class _Child:
+    process: BaseProcess
+    conn: Connection
+    task: Task | None = None
+    started: float = 0.0
+    completed: int = 0
+
+
+class ProcessPool(Executor):
+    def __init__(
+        self,
+        slots: int,
+        config: ChildConfig,
+        start_method: str | None = None,
+        max_tasks_per_child: int | None = None,
+    ) -> None:
+        super().__init__(slots, config)
+        method = start_method or default_start_method()
+        if method == "fork":
+            raise ConfigurationError(
+                "the fork start method is unsafe in the threaded coordinator; "
+                "use forkserver or spawn"
+            )
+        if method not in multiprocessing.get_all_start_methods():
+            raise ConfigurationError(f"start method {method!r} is not available here")
+        if max_tasks_per_child is not None and (
+            isinstance(max_tasks_per_child, bool)
+            or not isinstance(max_tasks_per_child, int)
+            or max_tasks_per_child < 1
+        ):
+            raise ConfigurationError(
+                f"max_tasks_per_child must be a positive int, got {max_tasks_per_child!r}"
+            )
+        self._context: Any = multiprocessing.get_context(method)
+        self.max_tasks_per_child = max_tasks_per_child
+        self._children: list[_Child] = []
+        self._payloads: dict[str, bytes] = {}
+
+    def start(self) -> None:
+        while len(self._children) < self.slots:
+            self._children.append(self._spawn())
+
+    def _spawn(self) -> _Child:
+        parent_end, child_end = self._context.Pipe()
+        # Not daemonic: a daemonic process may not start processes of its own,
+        # and handlers are free to. Shutdown and the parent watch end them instead.
+        process = self._context.Process(
+            target=child_main, args=(child_end, self.config), name="dbworker-handler"
+        )
+        process.start()
+        child_end.close()
+        return _Child(process, parent_end)
+
+    def free_slots(self) -> int:
+        return sum(1 for child in self._children if child.task is None)
+
+    def submit(self, task: Task) -> None:
+        child = next(c for c in self._children if c.task is None)
+        payload = self._payloads.get(task.worker)
+        if payload is None:
+            payload = self._payloads[task.worker] = task_payload(task)
+        child.task, child.started = task, time.monotonic()
+        # If the child is dead, collect() reports the crash for this task.
+        with contextlib.suppress(OSError, EOFError):
+            child.conn.send(task_message(task, payload))
+
+    def wait_handles(self) -> Sequence[Any]:
+        handles: list[Any] = []
+        for child in self._children:
+            handles.append(child.process.sentinel)
+            if child.task is not None:
+                handles.append(child.conn)
+        return handles
+
+    def collect(self) -> list[Result]:
+        results: list[Result] = []
+        for index, child in enumerate(self._children):
+            if child.task is None:
+                if not child.process.is_alive():
+                    self._replace(index)
+                continue
+            result = self._receive(child)
+            if result is not None:
+                results.append(result)
+                child.task = None
+                child.completed += 1
+                if self.max_tasks_per_child and child.completed >= self.max_tasks_per_child:
+                    self._retire(index)
+                continue
+            if not child.process.is_alive():
+                task = child.task
+                child.process.join()
+                results.append(
+                    Result(
+                        task.key,
+                        ResultKind.CRASHED,
+                        error=describe_exit(child.process.exitcode),
+                        error_type="dbworker.WorkerCrashed",
+                        exitcode=child.process.exitcode,
+                        duration=time.monotonic() - child.started,
+                    )
+                )
+                self._replace(index)
+        return results
+
+    @staticmethod
+    def _receive(child: _Child) -> Result | None:
+        try:
+            if child.conn.poll():
+                result: Result = child.conn.recv()
+                return result
+        except (EOFError, OSError):
+            pass
+        return None
+
+    def _retire(self, index: int) -> None:
+        child = self._children[index]
+        with contextlib.suppress(OSError):
+            child.conn.send(None)
+        child.process.join(EXIT_GRACE_SECONDS)
+        if child.process.is_alive():
+            child.process.kill()
+            child.process.join()
+        self._replace(index)
+
+    def _replace(self, index: int) -> None:
+        old = self._children[index]
+        old.conn.close()
+        old.process.join(0)
+        self._children[index] = self._spawn()
+
+    def kill(self, task_key: TaskKey) -> bool:
+        for index, child in enumerate(self._children):
+            if child.task is not None and child.task.key == task_key:
+                child.process.kill()
+                child.process.join()
+                self._replace(index)
+                return True
+        return False
+
+    def running(self) -> list[Task]:
+        return [child.task for child in self._children if child.task is not None]
+
+    def started_at(self, task_key: TaskKey) -> float | None:
+        for child in self._children:
+            if child.task is not None and child.task.key == task_key:
+                return child.started
+        return None
+
+    def shutdown(self) -> None:
+        for child in self._children:
+            with contextlib.suppress(OSError):
+                if child.task is None:
+                    child.conn.send(None)
+                else:
+                    child.process.kill()
+        deadline = time.monotonic() + EXIT_GRACE_SECONDS
+        for child in self._children:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join()
+            child.conn.close()
+        self._children.clear()

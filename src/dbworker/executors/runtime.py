@@ -1,0 +1,177 @@
+"""What runs inside a handler process: one invocation, recorded under its token.
+
+The handler's writes and the status transition share one transaction, so they
+commit together or not at all; a handler whose claim was taken over finds its
+token stale at completion and everything it wrote rolls back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy.orm import Session
+
+from ..core.errors import HandlerContractError
+from ..core.outcomes import Finished, Unfinished
+from ..dialects import Dialect, ErrorInfo, WorkerTable, for_engine
+from ..schema import detached_table
+from .base import ChildConfig, Result, ResultKind, Task
+
+
+class HandlerSession(Session):
+    """The session a handler receives. dbworker owns its commit and its cleanup."""
+
+    _dbworker_guarded = False
+    _dbworker_misuse: str | None = None
+
+    def commit(self) -> None:
+        if self._dbworker_guarded:
+            self._dbworker_misuse = "the handler called session.commit()"
+            raise HandlerContractError(
+                "do not commit the session dbworker gives a handler: return Finished() or "
+                "Unfinished() and dbworker commits your writes with the status change"
+            )
+        super().commit()
+
+    def close(self) -> None:
+        if self._dbworker_guarded:
+            self._dbworker_misuse = "the handler called session.close()"
+            raise HandlerContractError(
+                "do not close the session dbworker gives a handler; dbworker closes it"
+            )
+        super().close()
+
+
+class Runtime:
+    """Per-process state: one engine and dialect, reused across invocations."""
+
+    def __init__(self, config: ChildConfig) -> None:
+        self.config = config
+        self._engine: Engine | None = None
+        self._dialect: Dialect | None = None
+        self._tables: dict[tuple[str, type[Any]], WorkerTable] = {}
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = create_engine(self.config.database_url, **self.config.engine_options)
+            self._dialect = for_engine(self._engine)
+            self._dialect.configure_engine(self._engine)
+        return self._engine
+
+    @property
+    def dialect(self) -> Dialect:
+        _ = self.engine
+        assert self._dialect is not None
+        return self._dialect
+
+    def worker_table(self, task: Task) -> WorkerTable:
+        key = (task.worker, task.source)
+        if key not in self._tables:
+            pk = inspect(task.source).primary_key[0]
+            self._tables[key] = WorkerTable(
+                task.worker, detached_table(task.worker, pk.type), pk, monotonic_keys=False
+            )
+        return self._tables[key]
+
+    def dispose(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+
+    def run(self, task: Task) -> Result:
+        started = time.monotonic()
+        result = self._run(task)
+        return _with_duration(result, time.monotonic() - started)
+
+    def _run(self, task: Task) -> Result:
+        worker = self.worker_table(task)
+        with HandlerSession(self.engine) as session:
+            session._dbworker_guarded = True
+            try:
+                source = session.get(task.source, task.source_id)
+                if source is None:
+                    raise LookupError(
+                        f"source row {task.source_id!r} of {task.source.__name__} no longer exists"
+                    )
+                outcome = task.handler(source, session)
+                if session._dbworker_misuse is not None:
+                    raise HandlerContractError(
+                        f"{session._dbworker_misuse}; dbworker owns the session's commit and "
+                        "cleanup"
+                    )
+                if not isinstance(outcome, Finished | Unfinished):
+                    raise HandlerContractError(
+                        f"handler of worker {task.worker!r} returned {outcome!r}; it must "
+                        "return Finished() or Unfinished()"
+                    )
+                conn = session.connection()
+                if isinstance(outcome, Finished):
+                    done = self.dialect.finish(conn, worker, task.source_id, task.token)
+                    kind = ResultKind.FINISHED
+                else:
+                    done = self.dialect.unfinish(
+                        conn, worker, task.source_id, task.token, outcome.delay
+                    )
+                    kind = ResultKind.UNFINISHED
+                if not done:
+                    session.rollback()
+                    return Result(task.key, ResultKind.LOST)
+                session._dbworker_guarded = False
+                session.commit()
+                return Result(task.key, kind)
+            except Exception as exc:
+                session._dbworker_guarded = False
+                # The connection may be gone; the failure recorded below says why.
+                with contextlib.suppress(Exception):
+                    session.rollback()
+                return self.record_failure(task, worker, exc)
+
+    def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:
+        info = describe(exc)
+        retry_delay = None
+        if task.retry is not None and task.retry.applies(exc, task.failures):
+            retry_delay = task.retry.delay(task.failures)
+
+        def result(kind: ResultKind, **extra: Any) -> Result:
+            return Result(
+                task.key,
+                kind,
+                error=info.message,
+                error_type=info.type,
+                traceback=info.traceback,
+                retry_delay=retry_delay,
+                extra=extra,
+            )
+
+        try:
+            with self.engine.begin() as conn:
+                done = self.dialect.fail(
+                    conn, worker, task.source_id, task.token, info, retry_delay
+                )
+        except Exception as db_exc:  # the coordinator will record it instead
+            return result(ResultKind.UNRECORDED, recording_error=repr(db_exc))
+        if not done:
+            return result(ResultKind.LOST)
+        return result(ResultKind.FAILED if retry_delay is None else ResultKind.RETRYING)
+
+
+def describe(exc: BaseException) -> ErrorInfo:
+    kind = type(exc)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    message = f"{kind.__name__}: {exc}" if str(exc) else kind.__name__
+    trace = "".join(traceback.format_exception(exc))
+    return ErrorInfo(message, name, trace)
+
+
+def _with_duration(result: Result, duration: float) -> Result:
+    from dataclasses import replace
+
+    return replace(result, duration=duration)

@@ -1,0 +1,86 @@
+"""The execution table: one per worker, one row per (worker, source row).
+
+Tables live in the source model's MetaData so that ``metadata.create_all`` and
+Alembic autogenerate see them beside the application's own tables. Times are
+epoch seconds on the database's clock (a DOUBLE): every dialect can compute
+``now + lease`` on a number, while interval arithmetic differs per database.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Double,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.types import TypeEngine
+
+from .core.names import table_name
+from .core.status import OPEN
+
+#: Error text is bounded so a huge exception message cannot bloat the table.
+MAX_ERROR_CHARS = 4000
+MAX_TRACEBACK_CHARS = 16000
+
+_OPEN_SQL = "status IN ({})".format(", ".join(f"'{p.value}'" for p in sorted(OPEN)))
+
+
+def _columns(source_id_type: TypeEngine[Any]) -> list[Column[Any]]:
+    return [
+        # No foreign key to the source table: an FK check would lock the
+        # application's row on every insert, and dbworker must not hold its locks.
+        Column("source_id", source_id_type, primary_key=True, autoincrement=False),
+        Column("status", String(16), nullable=False),
+        Column("token", BigInteger, nullable=False, default=0),
+        Column("lease_expires_at", Double),
+        Column("not_before", Double),
+        Column("attempts", Integer, nullable=False, default=0),
+        Column("failures", Integer, nullable=False, default=0),
+        Column("crashes", Integer, nullable=False, default=0),
+        Column("error", Text),
+        Column("error_type", String(255)),
+        Column("traceback", Text),
+        Column("owner_host", String(255)),
+        Column("owner_pid", Integer),
+        Column("discovered_at", Double),
+        Column("claimed_at", Double),
+        Column("finished_at", Double),
+        Column("updated_at", Double),
+    ]
+
+
+def execution_table(worker: str, source_id_type: TypeEngine[Any], metadata: MetaData) -> Table:
+    """Define (or return the existing) execution table of ``worker`` in ``metadata``."""
+    name = table_name(worker)
+    if name in metadata.tables:
+        return metadata.tables[name]
+    table = Table(name, metadata, *_columns(source_id_type), comment=f"dbworker: {worker}")
+    # Claims only look at open records; a partial index (where supported) keeps
+    # the scan proportional to open work, not to history. MySQL has no partial
+    # indexes and uses the leading status column instead.
+    Index(
+        f"{name}_status_ix",
+        table.c.status,
+        table.c.source_id,
+        postgresql_where=text(_OPEN_SQL),
+        sqlite_where=text(_OPEN_SQL),
+    )
+    return table
+
+
+def detached_table(worker: str, source_id_type: TypeEngine[Any]) -> Table:
+    """The same table in a private MetaData, for child processes that only write rows."""
+    return execution_table(worker, source_id_type, MetaData())
+
+
+def expected_columns() -> set[str]:
+    return {c.name for c in _columns(Integer())}

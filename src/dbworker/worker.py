@@ -1,0 +1,156 @@
+"""A registered worker: its handler, its source, its eligibility rule and its table."""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Integer, Select, inspect, select
+from sqlalchemy.exc import NoInspectionAvailable
+from sqlalchemy.orm import Mapper, Session
+
+from .core.errors import ConfigurationError
+from .core.status import ExecutionStatus
+from .core.timing import RetryPolicy
+from .dialects import Dialect, WorkerTable
+from .schema import execution_table
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from sqlalchemy import ColumnElement
+
+Handler = Callable[[Any, Session], Any]
+Eligible = Callable[[], Select[Any]]
+
+#: Crashes (process deaths, expired leases) after which an item ends FAILED.
+DEFAULT_MAX_CRASHES = 3
+
+
+def source_mapper(source: object) -> Mapper[Any]:
+    try:
+        mapper = inspect(source)
+    except NoInspectionAvailable:
+        mapper = None
+    if not isinstance(mapper, Mapper) or mapper.class_ is not source:
+        raise ConfigurationError(f"source must be a mapped SQLAlchemy model class, got {source!r}")
+    if len(mapper.primary_key) != 1:
+        keys = ", ".join(c.name for c in mapper.primary_key)
+        raise ConfigurationError(
+            f"source model {mapper.class_.__name__} must have exactly one primary-key column "
+            f"(it has {len(mapper.primary_key)}: {keys})"
+        )
+    return mapper
+
+
+def check_importable(handler: object) -> None:
+    """Child processes find the handler by module and qualified name, as pickle does."""
+    if not callable(handler):
+        raise ConfigurationError(f"handler must be callable, got {handler!r}")
+    qualname = getattr(handler, "__qualname__", "")
+    if not pyinspect.isfunction(handler) or "<" in qualname:
+        raise ConfigurationError(
+            f"handler {qualname or handler!r} cannot be imported by worker processes: "
+            "define it with def at module scope (not a lambda, a nested function or a "
+            "method)"
+        )
+
+
+def check_picklable(name: str, handler: object) -> None:
+    try:
+        restored = pickle.loads(pickle.dumps(handler))
+    except Exception as exc:
+        raise ConfigurationError(
+            f"handler of worker {name!r} cannot be imported by worker processes ({exc}); "
+            "define it at module scope in an importable module"
+        ) from exc
+    if restored is not handler:
+        raise ConfigurationError(
+            f"handler of worker {name!r} is not what its module exposes under "
+            f"{getattr(handler, '__qualname__', handler)!r}; do not rebind the decorated name"
+        )
+
+
+def check_concurrency(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"concurrency must be an int >= 1, got {value!r}")
+    return value
+
+
+@dataclass(eq=False)
+class Worker:
+    """One ``transactional_worker`` registration. Access it as ``coordinator.workers[name]``."""
+
+    name: str
+    handler: Handler
+    source: type[Any]
+    eligible: Eligible | None
+    concurrency: int
+    dialect: Dialect
+    timeout: float | None = None
+    retry: RetryPolicy | None = None
+    max_crashes: int = DEFAULT_MAX_CRASHES
+    table: WorkerTable = field(init=False)
+
+    def __post_init__(self) -> None:
+        mapper = source_mapper(self.source)
+        pk = mapper.primary_key[0]
+        metadata = pk.table.metadata  # the source table's MetaData: Alembic sees ours too
+        table = execution_table(self.name, pk.type, metadata)
+        self.table = WorkerTable(self.name, table, pk, monotonic_keys=isinstance(pk.type, Integer))
+
+    # -- the eligible query ------------------------------------------------------
+
+    def eligible_query(self) -> Select[Any]:
+        """Call ``eligible`` and check that it selects the source model."""
+        if self.eligible is None:
+            return select(self.source).order_by(self.table.source_pk)
+        query = self.eligible()
+        if not isinstance(query, Select):
+            raise ConfigurationError(
+                f"eligible of worker {self.name!r} must return a select(...) statement, "
+                f"got {type(query).__name__}"
+            )
+        descriptions = query.column_descriptions
+        entity = descriptions[0].get("entity") if len(descriptions) == 1 else None
+        if entity is not self.source:
+            selected = ", ".join(str(d.get("name")) for d in descriptions)
+            raise ConfigurationError(
+                f"eligible of worker {self.name!r} must select {self.source.__name__} "
+                f"entities (select({self.source.__name__})...), but it selects {selected}"
+            )
+        return query
+
+    # -- status, for the application -------------------------------------------------
+
+    def state(self, session: Session, source_id: Any) -> dict[str, Any] | None:
+        """The execution record of ``source_id``: ``execution_status``, ``error``,
+        ``lease_expires_at`` and more; ``None`` if this worker never claimed it."""
+        return self.dialect.read_state(session.connection(), self.table, source_id)
+
+    def status(self, session: Session, source_id: Any) -> ExecutionStatus | None:
+        phase = self.dialect.read_status(session.connection(), self.table, source_id)
+        return None if phase is None else phase.public
+
+    def reset_failed(self, session: Session, source_id: Any) -> bool:
+        """Make a FAILED execution UNFINISHED again (error and claim cleared).
+
+        True if it reset one; the change commits with ``session``'s transaction.
+        """
+        return self.dialect.reset_failed(session.connection(), self.table, source_id)
+
+    def has_status(
+        self, source_id: Any, statuses: Iterable[ExecutionStatus]
+    ) -> ColumnElement[bool]:
+        wanted = list(statuses)
+        for status in wanted:
+            if not isinstance(status, ExecutionStatus):
+                raise ConfigurationError(
+                    f"statuses must be ExecutionStatus members, got {status!r}"
+                )
+        if not wanted:
+            raise ConfigurationError("statuses must name at least one ExecutionStatus")
+        return self.dialect.status_condition(self.table, source_id, wanted)
