@@ -12,18 +12,26 @@ from .core.errors import (
 from .core.outcomes import Finished, Outcome, Unfinished
 from .core.status import ExecutionStatus
 from .core.timing import RetryPolicy
+from .drain import DrainedItem, DrainReport
+from .executors import Inline, Pool, SpawnPerTask, Subprocess
 from .worker import Worker
 
 __all__ = [
     "ConfigurationError",
     "Coordinator",
     "DBWorkerError",
+    "DrainReport",
+    "DrainedItem",
     "ExecutionStatus",
     "Finished",
     "HandlerContractError",
     "HandlerTimeout",
+    "Inline",
     "Outcome",
+    "Pool",
     "RetryPolicy",
+    "SpawnPerTask",
+    "Subprocess",
     "Unfinished",
     "UnknownWorkerError",
     "Worker",

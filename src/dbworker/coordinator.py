@@ -17,7 +17,10 @@ from .core.names import table_name, validate_worker_name
 from .core.status import ExecutionStatus
 from .core.timing import PollBackoff, RetryPolicy, Timings, require_positive
 from .dialects import Dialect, Owner, for_url
-from .executors import ChildConfig, Executor, ProcessPool
+from .drain import DEFAULT_MAX_INVOCATIONS, DrainReport, drain
+from .executors import ChildConfig, Executor, ExecutorChoice
+from .executors import resolve as resolve_executor
+from .executors.runtime import Runtime
 from .scheduler import Health, Lane, Scheduler
 from .schema import expected_columns
 from .worker import (
@@ -25,6 +28,7 @@ from .worker import (
     Eligible,
     Worker,
     check_concurrency,
+    check_executor,
     check_importable,
     check_picklable,
     source_mapper,
@@ -51,6 +55,7 @@ class Coordinator:
         lease_seconds: float = 30,
         poll_seconds: float = 0.25,
         max_poll_seconds: float = 10,
+        executor: ExecutorChoice | str = "pool",
     ) -> None:
         if not callable(session_factory):
             raise ConfigurationError("session_factory must be a SQLAlchemy sessionmaker")
@@ -63,6 +68,7 @@ class Coordinator:
         self.session_factory = session_factory
         self.engine_options: dict[str, Any] = dict(engine_options or {})
         self.timings = Timings(lease_seconds, poll_seconds, max_poll_seconds)
+        self.executor = resolve_executor(executor)
         self.dialect: Dialect = for_url(self._url)
         self.dialect.validate_url(self._url)
         self._check_same_database()
@@ -92,6 +98,7 @@ class Coordinator:
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
         max_crashes: int = DEFAULT_MAX_CRASHES,
+        executor: ExecutorChoice | str | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of worker ``name``.
 
@@ -110,6 +117,7 @@ class Coordinator:
             raise ConfigurationError(f"retry must be a RetryPolicy, got {retry!r}")
         if isinstance(max_crashes, bool) or not isinstance(max_crashes, int) or max_crashes < 1:
             raise ConfigurationError(f"max_crashes must be an int >= 1, got {max_crashes!r}")
+        chosen = self.executor if executor is None else resolve_executor(executor)
         with self._lock:
             self._check_not_started("register a worker")
             if name in self._workers:
@@ -119,6 +127,7 @@ class Coordinator:
 
         def register(handler: F) -> F:
             check_importable(handler)
+            check_executor(name, handler, source, chosen)
             with self._lock:
                 self._check_not_started("register a worker")
                 if name in self._workers:
@@ -133,6 +142,7 @@ class Coordinator:
                     timeout=timeout,
                     retry=retry,
                     max_crashes=max_crashes,
+                    executor=chosen,
                 )
             return handler
 
@@ -214,10 +224,7 @@ class Coordinator:
                 worker.eligible_query()
             with self.session_factory() as session:
                 self._check_tables(session)
-            engine = create_engine(
-                self._url, **{**self.dialect.coordinator_engine_options(), **self.engine_options}
-            )
-            self.dialect.configure_engine(engine)
+            engine = self._coordination_engine()
             config = ChildConfig(self.database_url, self.engine_options, _pid())
             lanes = [
                 Lane(
@@ -233,7 +240,43 @@ class Coordinator:
             atexit.register(self._at_exit)
 
     def _executor(self, worker: Worker, config: ChildConfig) -> Executor:
-        return ProcessPool(worker.concurrency, config)
+        return worker.executor.build(worker.concurrency, config)
+
+    def _coordination_engine(self) -> Engine:
+        engine = create_engine(
+            self._url, **{**self.dialect.coordinator_engine_options(), **self.engine_options}
+        )
+        self.dialect.configure_engine(engine)
+        return engine
+
+    def drain(
+        self,
+        *,
+        workers: Iterable[str] | None = None,
+        max_invocations: int = DEFAULT_MAX_INVOCATIONS,
+    ) -> DrainReport:
+        """Run every currently eligible item to completion in this process, and say what ran.
+
+        For tests of the application: no processes and no waiting. Runs until no
+        worker can claim anything, including items that become eligible as others
+        finish. Not while the coordinator is started.
+        """
+        with self._lock:
+            self._check_not_started("drain()")
+            chosen = [self._worker(name) for name in (workers or self._workers)]
+            for worker in chosen:
+                worker.eligible_query()
+            with self.session_factory() as session:
+                self._check_tables(session)
+        engine = self._coordination_engine()
+        runtime = Runtime(ChildConfig(self.database_url, self.engine_options, _pid()))
+        try:
+            return drain(
+                engine, self.dialect, runtime, chosen, self.timings.lease_seconds, max_invocations
+            )
+        finally:
+            runtime.dispose()
+            engine.dispose()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop claiming and wait for running handlers to finish.

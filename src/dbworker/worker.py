@@ -16,6 +16,7 @@ from .core.errors import ConfigurationError
 from .core.status import ExecutionStatus
 from .core.timing import RetryPolicy
 from .dialects import Dialect, WorkerTable
+from .executors import ExecutorChoice, Pool, Subprocess
 from .schema import execution_table
 
 if TYPE_CHECKING:
@@ -74,6 +75,16 @@ def check_picklable(name: str, handler: object) -> None:
         )
 
 
+def check_executor(name: str, handler: object, source: type[Any], executor: object) -> None:
+    if isinstance(executor, Subprocess):
+        for what, obj in (("handler", handler), ("source model", source)):
+            if getattr(obj, "__module__", None) == "__main__":
+                raise ConfigurationError(
+                    f"the {what} of worker {name!r} is defined in __main__, which a subprocess "
+                    "executor's interpreter cannot import; move it to an importable module"
+                )
+
+
 def check_concurrency(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"concurrency must be an int >= 1, got {value!r}")
@@ -93,6 +104,7 @@ class Worker:
     timeout: float | None = None
     retry: RetryPolicy | None = None
     max_crashes: int = DEFAULT_MAX_CRASHES
+    executor: ExecutorChoice = field(default_factory=Pool)
     table: WorkerTable = field(init=False)
 
     def __post_init__(self) -> None:

@@ -279,7 +279,19 @@ class Dialect:
             )
         )
         conn.execute(statement)
-        return [dataclasses.replace(c, token=c.token + 1, attempts=c.attempts + 1) for c in locked]
+        # A takeover counted a crash in the UPDATE above; the caller decides on
+        # max_crashes from the claim, so report the count as stored, not as locked.
+        crashes = dict(
+            conn.execute(
+                select(table.c.source_id, table.c.crashes).where(table.c.source_id.in_(ids))
+            ).all()
+        )
+        return [
+            dataclasses.replace(
+                c, token=c.token + 1, attempts=c.attempts + 1, crashes=crashes[c.source_id]
+            )
+            for c in locked
+        ]
 
     # -- fenced transitions ----------------------------------------------------------
 

@@ -1,6 +1,18 @@
 """Strategies for running a handler: one interface, one module per strategy."""
 
 from .base import ChildConfig, Executor, Result, ResultKind, Task
-from .pool import ProcessPool
+from .strategies import ExecutorChoice, Inline, Pool, SpawnPerTask, Subprocess, resolve
 
-__all__ = ["ChildConfig", "Executor", "ProcessPool", "Result", "ResultKind", "Task"]
+__all__ = [
+    "ChildConfig",
+    "Executor",
+    "ExecutorChoice",
+    "Inline",
+    "Pool",
+    "Result",
+    "ResultKind",
+    "SpawnPerTask",
+    "Subprocess",
+    "Task",
+    "resolve",
+]

@@ -13,21 +13,22 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Protocol
 
-from ..core.errors import ConfigurationError
 from .base import ChildConfig, Executor, Result, ResultKind, Task, TaskKey
 from .runtime import Runtime, describe
 
 #: How often a child checks that its coordinator is still alive.
 PARENT_CHECK_SECONDS = 1.0
+#: Exit status of a handler process that outlived its coordinator.
+ORPHAN_EXIT_STATUS = 70
 #: How long shutdown waits for an idle child to exit before killing it.
 EXIT_GRACE_SECONDS = 5.0
 
@@ -54,10 +55,23 @@ def describe_exit(exitcode: int | None) -> str:
 def _watch_parent(parent_pid: int) -> None:
     # An orphaned handler would keep running beside the coordinator that takes
     # its item over; its writes would be fenced off, but its side effects not.
+    # The coordinator is not our parent under forkserver, so watch its pid: a
+    # pidfd becomes readable when it exits; elsewhere, poll for its existence.
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    if pidfd is not None:
+        select.select([pidfd], [], [])
+        os._exit(ORPHAN_EXIT_STATUS)
     while True:
         time.sleep(PARENT_CHECK_SECONDS)
-        if os.getppid() != parent_pid:
-            os._exit(70)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(ORPHAN_EXIT_STATUS)
+        except PermissionError:
+            pass  # exists, owned by someone else: the pid was reused, but rarely so fast
 
 
 def child_main(conn: Connection, config: ChildConfig) -> None:
@@ -104,9 +118,25 @@ def task_payload(task: Task) -> bytes:
     return pickle.dumps((task.handler, task.source, task.retry))
 
 
+class ProcessHandle(Protocol):
+    """The part of multiprocessing's Process the pool uses; subprocesses adapt to it."""
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    @property
+    def sentinel(self) -> Any: ...
+
+    def is_alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
 @dataclass(slots=True)
 class _Child:
-    process: BaseProcess
+    process: ProcessHandle
     conn: Connection
     task: Task | None = None
     started: float = 0.0
@@ -122,23 +152,8 @@ class ProcessPool(Executor):
         max_tasks_per_child: int | None = None,
     ) -> None:
         super().__init__(slots, config)
-        method = start_method or default_start_method()
-        if method == "fork":
-            raise ConfigurationError(
-                "the fork start method is unsafe in the threaded coordinator; "
-                "use forkserver or spawn"
-            )
-        if method not in multiprocessing.get_all_start_methods():
-            raise ConfigurationError(f"start method {method!r} is not available here")
-        if max_tasks_per_child is not None and (
-            isinstance(max_tasks_per_child, bool)
-            or not isinstance(max_tasks_per_child, int)
-            or max_tasks_per_child < 1
-        ):
-            raise ConfigurationError(
-                f"max_tasks_per_child must be a positive int, got {max_tasks_per_child!r}"
-            )
-        self._context: Any = multiprocessing.get_context(method)
+        # Choices are validated where users make them (strategies.py).
+        self._context: Any = multiprocessing.get_context(start_method or default_start_method())
         self.max_tasks_per_child = max_tasks_per_child
         self._children: list[_Child] = []
         self._payloads: dict[str, bytes] = {}
@@ -148,6 +163,10 @@ class ProcessPool(Executor):
             self._children.append(self._spawn())
 
     def _spawn(self) -> _Child:
+        process, conn = self._launch()
+        return _Child(process, conn)
+
+    def _launch(self) -> tuple[ProcessHandle, Connection]:
         parent_end, child_end = self._context.Pipe()
         # Not daemonic: a daemonic process may not start processes of its own,
         # and handlers are free to. Shutdown and the parent watch end them instead.
@@ -156,7 +175,7 @@ class ProcessPool(Executor):
         )
         process.start()
         child_end.close()
-        return _Child(process, parent_end)
+        return process, parent_end
 
     def free_slots(self) -> int:
         return sum(1 for child in self._children if child.task is None)

@@ -117,10 +117,10 @@ class Runtime:
                         conn, worker, task.source_id, task.token, outcome.delay
                     )
                     kind = ResultKind.UNFINISHED
+                session._dbworker_guarded = False
                 if not done:
                     session.rollback()
                     return Result(task.key, ResultKind.LOST)
-                session._dbworker_guarded = False
                 session.commit()
                 return Result(task.key, kind)
             except Exception as exc:

@@ -1,0 +1,122 @@
+"""The executor choices users name, per worker or coordinator-wide.
+
+Each is a small frozen description; ``build`` turns it into a running Executor.
+Strings are shortcuts for the defaults: "pool", "spawn", "subprocess", "inline".
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.errors import ConfigurationError
+from .base import ChildConfig, Executor
+
+
+def _check_max_tasks(value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigurationError(f"max_tasks_per_child must be an int >= 1, got {value!r}")
+
+
+def _check_start_method(method: str | None) -> None:
+    if method is None:
+        return
+    if method == "fork":
+        raise ConfigurationError(
+            "the fork start method is unsafe in the threaded coordinator; use forkserver or spawn"
+        )
+    if method not in multiprocessing.get_all_start_methods():
+        raise ConfigurationError(f"start method {method!r} is not available on this system")
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """Persistent child processes (forkserver or spawn), replaced when they die.
+
+    ``max_tasks_per_child`` recycles a child after that many invocations (leaks).
+    """
+
+    max_tasks_per_child: int | None = None
+    start_method: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_max_tasks(self.max_tasks_per_child)
+        _check_start_method(self.start_method)
+
+    def build(self, slots: int, config: ChildConfig) -> Executor:
+        from .pool import ProcessPool
+
+        return ProcessPool(slots, config, self.start_method, self.max_tasks_per_child)
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnPerTask:
+    """A fresh process for every invocation: isolation from leaks and native crashes.
+
+    The next process is started while the current one works, so an item does not
+    wait for a process start.
+    """
+
+    start_method: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_start_method(self.start_method)
+
+    def build(self, slots: int, config: ChildConfig) -> Executor:
+        from .pool import ProcessPool
+
+        return ProcessPool(slots, config, self.start_method, max_tasks_per_child=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Subprocess:
+    """``python -m`` children with their own interpreter, environment and directory."""
+
+    python: str = field(default_factory=lambda: sys.executable)
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    max_tasks_per_child: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_max_tasks(self.max_tasks_per_child)
+        if not isinstance(self.python, str) or not self.python:
+            raise ConfigurationError(f"python must be an interpreter path, got {self.python!r}")
+
+    def build(self, slots: int, config: ChildConfig) -> Executor:
+        from .subprocess import SubprocessPool
+
+        env = None if self.env is None else dict(self.env)
+        return SubprocessPool(slots, config, self.python, env, self.cwd, self.max_tasks_per_child)
+
+
+@dataclass(frozen=True, slots=True)
+class Inline:
+    """Threads in the coordinator's process: for tests and debugging; cannot kill."""
+
+    def build(self, slots: int, config: ChildConfig) -> Executor:
+        from .inline import InlineExecutor
+
+        return InlineExecutor(slots, config)
+
+
+ExecutorChoice = Pool | SpawnPerTask | Subprocess | Inline
+_NAMED: dict[str, ExecutorChoice] = {
+    "pool": Pool(),
+    "spawn": SpawnPerTask(),
+    "subprocess": Subprocess(),
+    "inline": Inline(),
+}
+
+
+def resolve(choice: Any) -> ExecutorChoice:
+    if isinstance(choice, Pool | SpawnPerTask | Subprocess | Inline):
+        return choice
+    if isinstance(choice, str) and choice in _NAMED:
+        return _NAMED[choice]
+    raise ConfigurationError(
+        f"unknown executor {choice!r}: use one of {', '.join(map(repr, _NAMED))} or an "
+        "instance of Pool, SpawnPerTask, Subprocess or Inline"
+    )
