@@ -301,6 +301,14 @@ class Coordinator:
     def _at_exit(self) -> None:
         self.stop(timeout=0)
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the coordinator has stopped, or ``timeout`` seconds; True if stopped."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return True
+        scheduler.thread.join(timeout)
+        return not scheduler.thread.is_alive()
+
     @property
     def running(self) -> bool:
         return self._scheduler is not None and self._scheduler.thread.is_alive()

@@ -78,6 +78,8 @@ class Health:
     last_error_at: float | None = None
     claimed: int = 0
     completed: int = 0
+    #: Set if the scheduler itself stopped on an unexpected error (a bug).
+    crashed: str | None = None
 
 
 class Scheduler:
@@ -144,8 +146,9 @@ class Scheduler:
                         if lane.executor.free_slots() and now >= lane.next_poll:
                             self._poll(lane, now)
                 self._sleep()
-        except BaseException:  # pragma: no cover - a bug; say so loudly, then clean up
+        except BaseException as exc:  # pragma: no cover - a bug; say so loudly, then clean up
             log.exception("dbworker scheduler stopped by an unexpected error")
+            self.health.crashed = f"{type(exc).__name__}: {exc}"
             raise
         finally:
             for lane in self.lanes.values():

@@ -154,6 +154,31 @@ class Worker:
         """
         return self.dialect.reset_failed(session.connection(), self.table, source_id)
 
+    def counts(self, session: Session) -> dict[ExecutionStatus | None, int]:
+        """How many records are in each status (``None``: discovered, never claimed)."""
+        return {
+            phase.public: n
+            for phase, n in self.dialect.counts(session.connection(), self.table).items()
+        }
+
+    def failed(self, session: Session, limit: int | None = None) -> list[dict[str, Any]]:
+        """FAILED items: ``source_id``, ``error``, ``error_type``, ``attempts``,
+        ``crashes``, ``updated_at``; in key order."""
+        return self.dialect.failed(session.connection(), self.table, limit)
+
+    def source_id_from_text(self, text: str) -> Any:
+        """Parse a source id typed on a command line into the key column's type."""
+        try:
+            python_type = self.table.source_pk.type.python_type
+        except NotImplementedError:
+            return text
+        try:
+            return python_type(text)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"{text!r} is not a valid id for worker {self.name!r} ({python_type.__name__})"
+            ) from exc
+
     def has_status(
         self, source_id: Any, statuses: Iterable[ExecutionStatus]
     ) -> ColumnElement[bool]:

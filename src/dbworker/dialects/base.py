@@ -502,6 +502,28 @@ class Dialect:
         rows = conn.execute(select(table.c.status, func.count()).group_by(table.c.status)).all()
         return {Phase(status): int(n) for status, n in rows}
 
+    def failed(
+        self, conn: Connection, worker: WorkerTable, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        table = worker.table
+        query = (
+            select(
+                table.c.source_id,
+                table.c.error,
+                table.c.error_type,
+                table.c.attempts,
+                table.c.crashes,
+                table.c.updated_at,
+            )
+            .where(table.c.status == _lit(Phase.FAILED))
+            .order_by(table.c.source_id)
+            .limit(limit)
+        )
+        return [
+            {**row, "updated_at": epoch_to_datetime(row["updated_at"])}
+            for row in conn.execute(query).mappings()
+        ]
+
     # -- errors --------------------------------------------------------------------
 
     def is_transient(self, error: BaseException) -> bool:

@@ -64,26 +64,32 @@ class MySQLDialect(Dialect):
             found = [row[0] for row in conn.execute(query).all()]
             if not found:
                 break
-            rows: list[Any] = list(
-                conn.execute(
-                    Select(
-                        table.c.source_id,
-                        table.c.token,
-                        table.c.attempts,
-                        table.c.failures,
-                        table.c.crashes,
-                    )
-                    .where(table.c.source_id.in_(found), self.claimable(table, self.now()))
-                    .with_for_update(skip_locked=True)
-                ).all()
-            )
-            locked = {row[0]: Claim(*row) for row in rows}
-            claims.extend(locked[i] for i in found if i in locked)
+            # Lock no more rows than are still wanted, walking ``found`` in the
+            # eligible order: a row locked but not claimed stays locked until commit,
+            # so over-locking would hand a concurrent claimer nothing.
+            position = 0
+            while position < len(found) and len(claims) < limit:
+                chunk = found[position : position + limit - len(claims)]
+                position += len(chunk)
+                rows: list[Any] = list(
+                    conn.execute(
+                        Select(
+                            table.c.source_id,
+                            table.c.token,
+                            table.c.attempts,
+                            table.c.failures,
+                            table.c.crashes,
+                        )
+                        .where(table.c.source_id.in_(chunk), self.claimable(table, self.now()))
+                        .with_for_update(skip_locked=True)
+                    ).all()
+                )
+                locked = {row[0]: Claim(*row) for row in rows}
+                claims.extend(locked[i] for i in chunk if i in locked)
             if len(claims) >= limit or len(found) < window:
                 break
             seen.extend(found)
-        # Rows locked beyond the limit stay untouched and unlock at commit.
-        return claims[:limit]
+        return claims
 
     def is_transient(self, error: BaseException) -> bool:
         orig = getattr(error, "orig", None)
