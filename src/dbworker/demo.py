@@ -17,6 +17,9 @@ workers complete it. Finally it stops the coordinator, prints a summary per work
 and status, and checks the application's own tables: every document summarized
 once and published exactly once.
 
+The exit status is 0 when those checks pass. ``--help`` lists the options (number
+of documents, concurrency, database file, ...).
+
 The handlers and models live at module scope here because the worker processes
 import this module to find them.
 """
@@ -24,7 +27,9 @@ import this module to find them.
 from __future__ import annotations
 
 import argparse
+import io
 import logging
+import multiprocessing
 import random
 import sqlite3
 import sys
@@ -390,7 +395,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=7, help="seed of the generated documents")
     parser.add_argument(
-        "--timeout", type=float, default=50.0, help="give up after this many seconds"
+        "--timeout", type=float, default=120.0, help="give up after this many seconds (default 120)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every invocation")
     args = parser.parse_args(argv)
@@ -403,6 +408,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # Progress should appear as it happens, also when piped (./dev demo | tee).
+        sys.stdout.reconfigure(line_buffering=True)
     # On stdout, so the log lines land between the progress lines they belong to.
     logging.basicConfig(
         stream=sys.stdout,
@@ -438,6 +446,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print()
 
+    # Worker processes fork from multiprocessing's fork server: importing SQLAlchemy
+    # and dbworker there once saves every worker process from doing it. (Not this
+    # module: run with -m, each worker process executes it afresh as its __main__.)
+    multiprocessing.set_forkserver_preload(["sqlalchemy.orm", "dbworker"])
     clock = Clock(time.monotonic())
     coordinator.start()
     try:

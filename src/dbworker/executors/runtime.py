@@ -58,7 +58,13 @@ class Runtime:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            self._engine = create_engine(self.config.database_url, **self.config.engine_options)
+            # Pre-ping (unless the user's options say otherwise): a handler process
+            # outlives database restarts, and a pooled connection the server dropped
+            # would otherwise fail the next handler that checks it out.
+            self._engine = create_engine(
+                self.config.database_url,
+                **{"pool_pre_ping": True, **self.config.engine_options},
+            )
             self._dialect = for_engine(self._engine)
             self._dialect.configure_engine(self._engine)
         return self._engine
@@ -108,6 +114,9 @@ class Runtime:
                         f"handler of worker {task.worker!r} returned {outcome!r}; it must "
                         "return Finished() or Unfinished()"
                     )
+                # The handler's own writes first: their errors are the handler's, and
+                # the execution row is then locked only for the final statement.
+                session.flush()
                 conn = session.connection()
                 if isinstance(outcome, Finished):
                     done = self.dialect.finish(conn, worker, task.source_id, task.token)
