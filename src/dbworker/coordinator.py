@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -224,6 +225,7 @@ class Coordinator:
                 worker.eligible_query()
             with self.session_factory() as session:
                 self._check_tables(session)
+            self._preload_forkserver()
             engine = self._coordination_engine()
             config = ChildConfig(self.database_url, self.engine_options, _pid())
             lanes = [
@@ -238,6 +240,16 @@ class Coordinator:
             self._scheduler = Scheduler(engine, self.dialect, lanes, self.timings, Owner.current())
             self._scheduler.start()
             atexit.register(self._at_exit)
+
+    def _preload_forkserver(self) -> None:
+        # Handler processes fork from multiprocessing's fork server: modules it has
+        # imported are ready in every child at no cost (it only takes effect before
+        # the fork server starts, i.e. for the first coordinator of a process).
+        modules = {"sqlalchemy.orm", "dbworker.executors.runtime"}
+        for worker in self._workers.values():
+            modules |= {worker.handler.__module__, worker.source.__module__}
+        modules.discard("__main__")
+        multiprocessing.set_forkserver_preload(["__main__", *sorted(modules)])
 
     def _executor(self, worker: Worker, config: ChildConfig) -> Executor:
         return worker.executor.build(worker.concurrency, config)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import io
 import logging
-import multiprocessing
 import random
 import sqlite3
 import sys
@@ -446,10 +445,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print()
 
-    # Worker processes fork from multiprocessing's fork server: importing SQLAlchemy
-    # and dbworker there once saves every worker process from doing it. (Not this
-    # module: run with -m, each worker process executes it afresh as its __main__.)
-    multiprocessing.set_forkserver_preload(["sqlalchemy.orm", "dbworker"])
     clock = Clock(time.monotonic())
     coordinator.start()
     try:

@@ -456,8 +456,11 @@ class Scheduler:
             # handed out within the horizon.
             while len(lane.watermarks) > 1 and lane.watermarks[1][0] < now - SWEEP_HORIZON_SECONDS:
                 lane.watermarks.popleft()
-            above = lane.watermarks[0][1] if lane.watermarks else None
-            if above is not None:
+            if lane.watermarks:
+                seen_at, oldest = lane.watermarks[0]
+                # Until a watermark is older than the horizon, a key handed out before
+                # the first one was seen can still commit below it: sweep every key.
+                above = oldest if seen_at <= now - SWEEP_HORIZON_SECONDS else None
                 self._transaction(
                     f"sweeping recent rows of worker={worker.name}",
                     lambda conn: self.dialect.sweep(conn, worker.table, above=above),
