@@ -1,0 +1,466 @@
+"""Deliberately broken dialects: each breaks one rule the conformance checks guard.
+
+``test_broken.py`` runs the checks that should catch each one and expects them to
+fail, which proves the checks can fail. Generic breakages are mixins, combined with the
+dialect of whichever database the test runs on; the others break a particular
+dialect's locking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sqlalchemy import ColumnElement, Connection, Select, Table, exists, func, or_, select, update
+
+from dbworker.core.status import ExecutionStatus, Phase
+from dbworker.dialects import Claim, Dialect, ErrorInfo, Owner, WorkerTable
+from dbworker.dialects.mysql import MySQLDialect
+from dbworker.dialects.postgresql import PostgreSQLDialect
+from dbworker.dialects.sqlite import SQLiteDialect
+
+# -- generic breakages (mixins) -----------------------------------------------------------
+
+
+class FinishIgnoresToken(Dialect):
+    """finish() completes whoever holds the record."""
+
+    def finish(self, conn: Connection, worker: WorkerTable, source_id: Any, token: int) -> bool:
+        current = self.current_token(conn, worker, source_id)
+        return super().finish(conn, worker, source_id, token if current is None else current)
+
+
+class RenewIgnoresToken(Dialect):
+    """renew() extends any WORKING lease, so a lost holder never finds out."""
+
+    def renew(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        held: Sequence[tuple[Any, int]],
+        lease_seconds: float,
+    ) -> list[Any]:
+        current = [(i, self.current_token(conn, worker, i) or t) for i, t in held]
+        return super().renew(conn, worker, current, lease_seconds)
+
+
+class Unfenced(Dialect):
+    """Every fenced transition ignores the token."""
+
+    def _fenced(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        event: Any,
+        source_id: Any,
+        token: int,
+        values: Any,
+    ) -> bool:
+        current = self.current_token(conn, worker, source_id)
+        token = token if current is None else current
+        return super()._fenced(conn, worker, event, source_id, token, values)
+
+
+class IgnoresLease(Dialect):
+    """A WORKING record is claimable whether or not its lease has expired."""
+
+    def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
+        return or_(super().claimable(table, now), table.c.status == Phase.WORKING.value)
+
+
+class ClaimsTerminal(Dialect):
+    """FINISHED and FAILED records are claimable again."""
+
+    def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
+        terminal = table.c.status.in_([Phase.FINISHED.value, Phase.FAILED.value])
+        return or_(super().claimable(table, now), terminal)
+
+
+class IgnoresNotBefore(Dialect):
+    """UNFINISHED records are claimable before their delay has passed."""
+
+    def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
+        return or_(super().claimable(table, now), table.c.status == Phase.UNFINISHED.value)
+
+
+class ForgetsTakeoverCrash(Dialect):
+    """A takeover is not counted as a crash of the vanished holder."""
+
+    def claim(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        eligible: Select[Any],
+        limit: int,
+        lease_seconds: float,
+        owner: Owner,
+    ) -> list[Claim]:
+        table = worker.table
+        before = dict(conn.execute(select(table.c.source_id, table.c.crashes)).all())
+        claims = super().claim(conn, worker, eligible, limit, lease_seconds, owner)
+        for claim in claims:
+            conn.execute(
+                update(table)
+                .where(table.c.source_id == claim.source_id)
+                .values(crashes=before[claim.source_id])
+            )
+        return [dataclasses.replace(c, crashes=before[c.source_id]) for c in claims]
+
+
+class FinishOutsideTransaction(Dialect):
+    """finish() commits on its own connection instead of in the caller's transaction."""
+
+    def finish(self, conn: Connection, worker: WorkerTable, source_id: Any, token: int) -> bool:
+        with conn.engine.begin() as own:
+            return super().finish(own, worker, source_id, token)
+
+
+class ResetsAnything(Dialect):
+    """reset_failed() reopens any record, not only FAILED ones."""
+
+    def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
+        table = worker.table
+        statement = (
+            update(table)
+            .where(table.c.source_id == source_id)
+            .values(status=Phase.UNFINISHED.value, error=None, lease_expires_at=None)
+        )
+        return conn.execute(statement).rowcount == 1
+
+
+class RetryUncounted(Dialect):
+    """fail() with a retry delay does not count the failure."""
+
+    def fail(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        source_id: Any,
+        token: int,
+        error: ErrorInfo,
+        retry_delay: float | None = None,
+    ) -> bool:
+        failures = self._failures(conn, worker, source_id)
+        done = super().fail(conn, worker, source_id, token, error, retry_delay)
+        table = worker.table
+        conn.execute(update(table).where(table.c.source_id == source_id).values(failures=failures))
+        return done
+
+    @staticmethod
+    def _failures(conn: Connection, worker: WorkerTable, source_id: Any) -> int:
+        table = worker.table
+        query = select(table.c.failures).where(table.c.source_id == source_id)
+        return int(conn.execute(query).scalar_one())
+
+
+class ReleaseAlwaysCrashes(Dialect):
+    """release(crashed=False) is counted as a crash anyway."""
+
+    def release(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        source_id: Any,
+        token: int,
+        error: ErrorInfo,
+        max_crashes: int,
+        crashed: bool = True,
+    ) -> bool:
+        return super().release(conn, worker, source_id, token, error, max_crashes, True)
+
+
+class StatusConditionIgnoresStatus(Dialect):
+    """status_condition() matches any record, whatever its status."""
+
+    def status_condition(
+        self, worker: WorkerTable, source_id: Any, statuses: Iterable[ExecutionStatus]
+    ) -> ColumnElement[bool]:
+        return exists().where(worker.table.c.source_id == source_id)
+
+
+class ClaimsInKeyOrder(Dialect):
+    """Claims follow the primary key instead of the eligible query's ORDER BY."""
+
+    def candidates(
+        self, worker: WorkerTable, eligible: Select[Any], limit: int, now: ColumnElement[float]
+    ) -> Select[Any]:
+        query = super().candidates(worker, eligible, limit, now)
+        return query.order_by(None).order_by(worker.table.c.source_id)
+
+
+class DiscoversOnce(Dialect):
+    """discover() only fills an empty table: rows inserted later are never found."""
+
+    def discover(self, conn: Connection, worker: WorkerTable) -> int:
+        if conn.execute(select(func.count()).select_from(worker.table)).scalar():
+            return 0
+        return super().discover(conn, worker)
+
+
+class SweepIsDiscover(Dialect):
+    """sweep() only looks above the watermark, like discover()."""
+
+    def sweep(self, conn: Connection, worker: WorkerTable, above: Any = None) -> int:
+        return self.discover(conn, worker)
+
+
+class WatermarkOnAnyKey(Dialect):
+    """discover() uses a watermark even for keys that do not grow with inserts."""
+
+    def discover(self, conn: Connection, worker: WorkerTable) -> int:
+        return super().discover(conn, dataclasses.replace(worker, monotonic_keys=True))
+
+
+class ReadStateShowsToken(Dialect):
+    """read_state() exposes the fencing token."""
+
+    def read_state(
+        self, conn: Connection, worker: WorkerTable, source_id: Any
+    ) -> dict[str, Any] | None:
+        state = super().read_state(conn, worker, source_id)
+        if state is not None:
+            state["token"] = self.current_token(conn, worker, source_id)
+        return state
+
+
+class ReadStateShowsPending(Dialect):
+    """read_state() reports discovered, never claimed records as UNFINISHED."""
+
+    def read_state(
+        self, conn: Connection, worker: WorkerTable, source_id: Any
+    ) -> dict[str, Any] | None:
+        state = super().read_state(conn, worker, source_id)
+        if state is None and self.read_status(conn, worker, source_id) is Phase.PENDING:
+            return {
+                "execution_status": ExecutionStatus.UNFINISHED,
+                "error": None,
+                "lease_expires_at": None,
+            }
+        return state
+
+
+# -- PostgreSQL locking --------------------------------------------------------------------
+
+
+class UnlockedPostgreSQL(PostgreSQLDialect):
+    """Claims read candidates without locking them."""
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        return Dialect.lock_candidates(self, conn, worker, eligible, limit)
+
+
+class WaitingPostgreSQL(PostgreSQLDialect):
+    """FOR UPDATE without SKIP LOCKED: a second claimer queues behind the first."""
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        query = self.candidates(worker, eligible, limit, self.now())
+        rows = conn.execute(query.with_for_update(of=worker.table)).all()
+        return [Claim(*row) for row in rows]
+
+
+class SourceLockingPostgreSQL(PostgreSQLDialect):
+    """FOR UPDATE SKIP LOCKED without OF: the application's rows are locked too."""
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        query = self.candidates(worker, eligible, limit, self.now())
+        rows = conn.execute(query.with_for_update(skip_locked=True)).all()
+        return [Claim(*row) for row in rows]
+
+
+# -- MySQL / MariaDB locking ---------------------------------------------------------------
+
+
+class UnlockedMySQL(MySQLDialect):
+    """Claims read candidates without locking them."""
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        return Dialect.lock_candidates(self, conn, worker, eligible, limit)
+
+
+class LockingSearchMySQL(MySQLDialect):
+    """One locking SELECT over the eligible query, joins and all."""
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        query = self.candidates(worker, eligible, limit, self.now())
+        rows = conn.execute(query.with_for_update(skip_locked=True)).all()
+        return [Claim(*row) for row in rows]
+
+
+class OverLockingMySQL(MySQLDialect):
+    """Locks the whole search window and claims only the first ``limit`` rows, so rows
+    it will not claim stay locked until commit (what the MySQL dialect once did)."""
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        table = worker.table
+        found = [
+            row[0]
+            for row in conn.execute(self.candidates(worker, eligible, 2 * limit + 8, self.now()))
+        ]
+        if not found:
+            return []
+        query = (
+            select(
+                table.c.source_id,
+                table.c.token,
+                table.c.attempts,
+                table.c.failures,
+                table.c.crashes,
+            )
+            .where(table.c.source_id.in_(found), self.claimable(table, self.now()))
+            .with_for_update(skip_locked=True)
+        )
+        locked = {row[0]: Claim(*row) for row in conn.execute(query)}
+        return [locked[i] for i in found if i in locked][:limit]
+
+
+# -- SQLite --------------------------------------------------------------------------------
+
+
+class ConcurrentSQLite(SQLiteDialect):
+    """Claims to support concurrent claims on a single-writer database."""
+
+    supports_concurrent_claims: ClassVar[bool] = True
+
+
+# -- the catalogue ---------------------------------------------------------------------------
+
+
+def mixin(breakage: type[Dialect]) -> Callable[[type[Dialect]], type[Dialect]]:
+    """Combine a generic breakage with the dialect of the database under test."""
+
+    def build(base: type[Dialect]) -> type[Dialect]:
+        return type(f"{breakage.__name__}{base.__name__}", (breakage, base), {})
+
+    return build
+
+
+def fixed(broken: type[Dialect]) -> Callable[[type[Dialect]], type[Dialect]]:
+    """A breakage of one particular dialect, whatever the base."""
+    return lambda _base: broken
+
+
+SERVERS = ("postgresql", "mysql")
+EVERYWHERE = ("sqlite", *SERVERS)
+
+
+@dataclass(frozen=True)
+class Breakage:
+    name: str
+    build: Callable[[type[Dialect]], type[Dialect]]
+    #: The backends it applies to (locking breakages are specific to one database).
+    backends: tuple[str, ...]
+    #: Names of the checks (keys of ``checks.CHECKS``) that must catch it.
+    caught_by: tuple[str, ...]
+
+
+RACING = tuple(f"racing_claims[{v}]" for v in ("ordered", "join", "semijoin"))
+SOURCE_ROWS = tuple(
+    f"claim_leaves_source_rows_unlocked[{v}]" for v in ("ordered", "join", "semijoin")
+)
+
+BREAKAGES: tuple[Breakage, ...] = (
+    Breakage(
+        "finish-ignores-token",
+        mixin(FinishIgnoresToken),
+        EVERYWHERE,
+        ("stale_token_cannot_complete_or_renew", "completion_is_atomic"),
+    ),
+    Breakage(
+        "renew-ignores-token",
+        mixin(RenewIgnoresToken),
+        EVERYWHERE,
+        ("stale_token_cannot_complete_or_renew",),
+    ),
+    Breakage("unfenced", mixin(Unfenced), EVERYWHERE, ("takeover_after_lease_expiry",)),
+    Breakage("ignores-lease", mixin(IgnoresLease), EVERYWHERE, ("takeover_after_lease_expiry",)),
+    Breakage(
+        "forgets-takeover-crash",
+        mixin(ForgetsTakeoverCrash),
+        EVERYWHERE,
+        ("takeover_after_lease_expiry",),
+    ),
+    Breakage(
+        "claims-terminal", mixin(ClaimsTerminal), EVERYWHERE, ("terminal_records_never_claimed",)
+    ),
+    Breakage(
+        "ignores-not-before",
+        mixin(IgnoresNotBefore),
+        EVERYWHERE,
+        ("unfinish_delay", "fail_with_retry_delay"),
+    ),
+    Breakage("retry-uncounted", mixin(RetryUncounted), EVERYWHERE, ("fail_with_retry_delay",)),
+    Breakage(
+        "release-always-crashes",
+        mixin(ReleaseAlwaysCrashes),
+        EVERYWHERE,
+        ("release_counts_crashes",),
+    ),
+    Breakage("resets-anything", mixin(ResetsAnything), EVERYWHERE, ("reset_failed",)),
+    Breakage(
+        # Its own connection would wait for SQLite's write lock, held by the caller.
+        "finish-outside-transaction",
+        mixin(FinishOutsideTransaction),
+        SERVERS,
+        ("completion_is_atomic",),
+    ),
+    Breakage(
+        "status-condition-ignores-status",
+        mixin(StatusConditionIgnoresStatus),
+        EVERYWHERE,
+        ("status_condition_gates_dependent_claims",),
+    ),
+    Breakage(
+        "claims-in-key-order",
+        mixin(ClaimsInKeyOrder),
+        EVERYWHERE,
+        ("batch_claims_follow_eligible_order", "racing_claims[ordered]"),
+    ),
+    Breakage("discovers-once", mixin(DiscoversOnce), EVERYWHERE, ("discovers_later_inserts",)),
+    Breakage(
+        "sweep-is-discover",
+        mixin(SweepIsDiscover),
+        EVERYWHERE,
+        ("sweep_finds_rows_below_watermark",),
+    ),
+    Breakage(
+        "sweep-is-discover",
+        mixin(SweepIsDiscover),
+        SERVERS,
+        ("out_of_order_commits_found_by_sweep",),
+    ),
+    Breakage(
+        "watermark-on-any-key",
+        mixin(WatermarkOnAnyKey),
+        EVERYWHERE,
+        ("non_integer_keys_discovered",),
+    ),
+    Breakage("read-state-shows-token", mixin(ReadStateShowsToken), EVERYWHERE, ("read_state",)),
+    Breakage("read-state-shows-pending", mixin(ReadStateShowsPending), EVERYWHERE, ("read_state",)),
+    Breakage("unlocked", fixed(UnlockedPostgreSQL), ("postgresql",), RACING),
+    Breakage("no-skip-locked", fixed(WaitingPostgreSQL), ("postgresql",), RACING),
+    Breakage("locks-source-rows", fixed(SourceLockingPostgreSQL), ("postgresql",), SOURCE_ROWS),
+    Breakage("unlocked", fixed(UnlockedMySQL), ("mysql",), RACING),
+    Breakage(
+        "locking-search",
+        fixed(LockingSearchMySQL),
+        ("mysql",),
+        # MariaDB also answers the second claimer with no rows here.
+        ("claim_leaves_source_rows_unlocked[join]", *RACING),
+    ),
+    Breakage("over-locking", fixed(OverLockingMySQL), ("mysql",), RACING),
+    Breakage("claims-concurrently", fixed(ConcurrentSQLite), ("sqlite",), RACING),
+)
