@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, inspect
@@ -84,8 +84,9 @@ class Coordinator:
 
     @property
     def workers(self) -> Mapping[str, Worker]:
-        """Registered workers by name (read-only)."""
-        return MappingProxyType(self._workers)
+        """Registered workers by name (read-only); an unknown name raises
+        UnknownWorkerError (a KeyError) naming the registered ones."""
+        return _Workers(self._workers)
 
     # -- registration ------------------------------------------------------------------
 
@@ -105,7 +106,11 @@ class Coordinator:
 
         The function is returned unchanged, so it stays callable in unit tests.
         """
-        max_length = self._url.get_dialect().max_identifier_length or 63
+        sql_dialect = self._url.get_dialect()
+        # The longest derived name is an index's; MySQL limits those to 64 characters
+        # while SQLAlchemy reports its (alias) identifier limit as 255.
+        limits = (sql_dialect.max_identifier_length, sql_dialect.max_index_name_length)
+        max_length = min((n for n in limits if n), default=63)
         validate_worker_name(name, max_length)
         check_concurrency(concurrency)
         if eligible is not None and not callable(eligible):
@@ -150,13 +155,7 @@ class Coordinator:
         return register
 
     def _worker(self, name: str) -> Worker:
-        try:
-            return self._workers[name]
-        except KeyError:
-            known = ", ".join(sorted(self._workers)) or "none"
-            raise UnknownWorkerError(
-                f"no worker named {name!r} is registered (registered: {known})"
-            ) from None
+        return _Workers(self._workers)[name]
 
     def _check_not_started(self, action: str) -> None:
         if self._scheduler is not None:
@@ -177,7 +176,9 @@ class Coordinator:
             session.commit()
             self._check_tables(session)
 
-    def _check_tables(self, session: Session) -> None:
+    def _check_tables(self, session: Session, engine: Engine | None = None) -> None:
+        """Check the worker tables through the session factory and, with ``engine``,
+        through ``database_url`` too (which child processes and the scheduler use)."""
         inspector = inspect(session.connection())
         for worker in self._workers.values():
             name = table_name(worker.name)
@@ -193,6 +194,23 @@ class Coordinator:
                     f"the table {name} of worker {worker.name!r} has an older or different "
                     f"shape: missing columns {', '.join(missing)}"
                 )
+        if engine is None:
+            return
+        # End the session's transaction first: on SQLite an application engine that
+        # begins IMMEDIATE holds the write lock, and the check below would wait on it.
+        session.rollback()
+        with engine.connect() as conn:
+            missing_here = [
+                table_name(w.name)
+                for w in self._workers.values()
+                if not inspect(conn).has_table(table_name(w.name))
+            ]
+        if missing_here:
+            raise ConfigurationError(
+                f"database_url ({self._url.render_as_string()}) has no table "
+                f"{', '.join(missing_here)}, which the session factory's database has: "
+                "they point at different databases"
+            )
 
     def _check_same_database(self) -> None:
         kw = getattr(self.session_factory, "kw", {})
@@ -200,13 +218,7 @@ class Coordinator:
         if not isinstance(bind, Engine):
             return
         ours, theirs = self._url, bind.url
-        same = (
-            ours.get_backend_name() == theirs.get_backend_name()
-            and (ours.host or "") == (theirs.host or "")
-            and (ours.port or 0) == (theirs.port or 0)
-            and (ours.database or "") == (theirs.database or "")
-        )
-        if not same:
+        if not _same_database(ours, theirs):
             raise ConfigurationError(
                 f"database_url ({ours.render_as_string()}) and the session factory's engine "
                 f"({theirs.render_as_string()}) point at different databases"
@@ -223,22 +235,27 @@ class Coordinator:
             for worker in self._workers.values():
                 check_picklable(worker.name, worker.handler)
                 worker.eligible_query()
-            with self.session_factory() as session:
-                self._check_tables(session)
-            self._preload_forkserver()
             engine = self._coordination_engine()
-            config = ChildConfig(self.database_url, self.engine_options, _pid())
-            lanes = [
-                Lane(
-                    worker,
-                    self._executor(worker, config),
-                    PollBackoff(self.timings.poll_seconds, self.timings.max_poll_seconds),
-                )
-                for worker in self._workers.values()
-            ]
+            lanes: list[Lane] = []
+            try:
+                with self.session_factory() as session:
+                    self._check_tables(session, engine)
+                self._preload_forkserver()
+                config = ChildConfig(self.database_url, self.engine_options, _pid())
+                for worker in self._workers.values():
+                    backoff = PollBackoff(self.timings.poll_seconds, self.timings.max_poll_seconds)
+                    lanes.append(Lane(worker, self._executor(worker, config), backoff))
+                scheduler = Scheduler(engine, self.dialect, lanes, self.timings, Owner.current())
+                scheduler.start()
+            except BaseException:
+                # A failed start leaves nothing running, so start() can be called again
+                # once the cause is fixed (and stop() has nothing to join).
+                for lane in lanes:
+                    lane.executor.shutdown()
+                engine.dispose()
+                raise
             self._engine = engine
-            self._scheduler = Scheduler(engine, self.dialect, lanes, self.timings, Owner.current())
-            self._scheduler.start()
+            self._scheduler = scheduler
             atexit.register(self._at_exit)
 
     def _preload_forkserver(self) -> None:
@@ -356,9 +373,74 @@ class Coordinator:
         return self._worker(worker).has_status(source_id, statuses)
 
 
-def _pid() -> int:
-    import os
+class _Workers(Mapping[str, Worker]):
+    """A read-only view of the registered workers whose misses say what is registered."""
 
+    def __init__(self, workers: Mapping[str, Worker]) -> None:
+        self._workers = workers
+
+    def __getitem__(self, name: str) -> Worker:
+        try:
+            return self._workers[name]
+        except (KeyError, TypeError):
+            known = ", ".join(sorted(self._workers)) or "none"
+            raise UnknownWorkerError(
+                f"no worker named {name!r} is registered (registered: {known})"
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._workers)
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def __repr__(self) -> str:
+        return f"<workers {sorted(self._workers)}>"
+
+
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
+_LOOPBACK = {"", "localhost", "127.0.0.1", "::1"}
+
+
+def _same_database(ours: URL, theirs: URL) -> bool:
+    """Whether two URLs plausibly name one database.
+
+    Only clear mismatches count: spellings of one database (a driver, an omitted
+    default port, "localhost" for 127.0.0.1, a relative SQLite path) must not stop a
+    coordinator from being built.
+    """
+
+    def family(url: URL) -> str:
+        backend = url.get_backend_name()
+        return "mysql" if backend == "mariadb" else backend
+
+    if family(ours) != family(theirs):
+        return False
+    if family(ours) == "sqlite":
+        return _sqlite_path(ours) == _sqlite_path(theirs)
+
+    def host(url: URL) -> str:
+        name = (url.host or "").lower()
+        return "localhost" if name in _LOOPBACK else name
+
+    def port(url: URL) -> int | None:
+        return url.port or _DEFAULT_PORTS.get(family(url))
+
+    return (
+        host(ours) == host(theirs)
+        and port(ours) == port(theirs)
+        and (ours.database or "") == (theirs.database or "")
+    )
+
+
+def _sqlite_path(url: URL) -> str:
+    database = url.database or ""
+    if database.startswith("file:"):  # a URI filename (uri=true)
+        database = database[len("file:") :].split("?", 1)[0]
+    return os.path.realpath(database) if database else ""
+
+
+def _pid() -> int:
     return os.getpid()
 
 

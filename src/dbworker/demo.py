@@ -356,7 +356,7 @@ def prepare_file(path: Path) -> None:
             raise SystemExit(f"demo: {path} exists and is not an SQLite database ({exc})") from exc
         ours = (
             DEMO_TABLES
-            | {f"{table}_status_ix" for table in DEMO_TABLES}
+            | {f"{table}_{index}" for table in DEMO_TABLES for index in ("status_ix", "open_ix")}
             | {name for name in names if name.startswith("sqlite_autoindex_")}
         )
         if not names <= ours:

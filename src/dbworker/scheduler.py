@@ -46,6 +46,8 @@ class Held:
     attempt: int
     failures: int
     started: float
+    #: The record's crash count as claimed: a takeover of the item raises it.
+    crashes: int = 0
 
 
 @dataclass(slots=True)
@@ -57,6 +59,9 @@ class Lane:
     backoff: PollBackoff
     next_poll: float = 0.0
     held: dict[Any, Held] = field(default_factory=dict)
+    #: Runs that completed in the database (Unfinished, a retry) and were claimed
+    #: again before their result was read, by (source_id, token).
+    completing: dict[tuple[Any, int], Held] = field(default_factory=dict)
     watermarks: collections.deque[tuple[float, Any]] = field(default_factory=collections.deque)
     next_sweep: float = 0.0
     next_full_sweep: float = 0.0
@@ -68,6 +73,8 @@ class PendingWrite:
 
     description: str
     apply: Callable[[Connection], object]
+    #: The item the write concerns (worker, source_id, attempt), for its log records.
+    extra: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -102,7 +109,7 @@ class Scheduler:
         self._kill_at: float | None = None
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
-        self._last_renewal = time.monotonic()
+        self._next_renewal = time.monotonic() + timings.renew_every
         self._db_wait = 0.0
         self._db_blocked_until = 0.0
         self.thread = threading.Thread(target=self._run, name="dbworker-scheduler")
@@ -139,7 +146,7 @@ class Scheduler:
                     if not self._busy():
                         break
                 self._enforce_timeouts(now)
-                if now - self._last_renewal >= self.timings.renew_every:
+                if now >= self._next_renewal:
                     self._renew()
                 if not self._stopping.is_set():
                     for lane in self.lanes.values():
@@ -162,7 +169,7 @@ class Scheduler:
 
     def _sleep(self) -> None:
         now = time.monotonic()
-        deadlines = [self._last_renewal + self.timings.renew_every]
+        deadlines = [self._next_renewal]
         if not self._stopping.is_set():
             deadlines += [
                 lane.next_poll for lane in self.lanes.values() if lane.executor.free_slots()
@@ -189,23 +196,33 @@ class Scheduler:
 
     # -- database access with resilience ---------------------------------------------
 
-    def _transaction(self, description: str, action: Callable[[Connection], Any]) -> Any:
-        """Run ``action`` in one transaction; on a database error log it and return None."""
+    def _transaction(
+        self,
+        description: str,
+        action: Callable[[Connection], Any],
+        extra: dict[str, Any] | None = None,
+    ) -> Any:
+        """Run ``action`` in one transaction; on a database error log it and raise _Deferred.
+
+        ``extra`` names the item the transaction is about, for the log records.
+        """
         if time.monotonic() < self._db_blocked_until:
             raise _Deferred
         try:
             with self.engine.begin() as conn:
                 result = action(conn)
         except Exception as exc:
-            self._database_error(description, exc)
+            self._database_error(description, exc, extra)
             raise _Deferred from exc
         if not self.health.database_ok:
-            log.warning("dbworker: database reachable again (%s)", description)
+            log.warning("dbworker: database reachable again (%s)", description, extra=extra)
         self.health.database_ok = True
         self._db_wait = 0.0
         return result
 
-    def _database_error(self, description: str, exc: Exception) -> None:
+    def _database_error(
+        self, description: str, exc: Exception, extra: dict[str, Any] | None = None
+    ) -> None:
         transient = self.dialect.is_transient(exc)
         if self.health.database_ok or not transient:
             # Once per incident: the first error of an outage, and every non-transient one.
@@ -214,6 +231,7 @@ class Scheduler:
                 description,
                 "transient" if transient else "not transient",
                 exc_info=exc,
+                extra=extra,
             )
         self.health.database_ok = False
         self.health.last_error = f"{type(exc).__name__}: {exc}"[:2000]
@@ -221,16 +239,21 @@ class Scheduler:
         self._db_wait = min(max(self._db_wait * 2, DB_RETRY_SECONDS), DB_RETRY_MAX_SECONDS)
         self._db_blocked_until = time.monotonic() + self._db_wait
 
-    def _write(self, description: str, apply: Callable[[Connection], object]) -> None:
+    def _write(
+        self,
+        description: str,
+        apply: Callable[[Connection], object],
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         """A transition that must land eventually, in order, even across an outage."""
-        self._pending.append(PendingWrite(description, apply))
+        self._pending.append(PendingWrite(description, apply, extra))
         self._flush_pending()
 
     def _flush_pending(self) -> None:
         while self._pending:
             write = self._pending[0]
             try:
-                self._transaction(write.description, write.apply)
+                self._transaction(write.description, write.apply, write.extra)
             except _Deferred:
                 return
             self._pending.pop(0)
@@ -247,9 +270,10 @@ class Scheduler:
         held = lane.held.get(source_id)
         if held is not None and held.token == token:
             del lane.held[source_id]
-        attempt = held.attempt if held else "?"
-        where = f"worker={lane.worker.name} source_id={source_id!r} attempt={attempt}"
-        extra = {"worker": lane.worker.name, "source_id": source_id, "attempt": attempt}
+        else:
+            # Claimed again before this result was read, or a run whose claim was lost.
+            held = lane.completing.pop((source_id, token), None)
+        where, extra = _item(lane, source_id, held.attempt if held else "?")
         kind = result.kind
         self.health.completed += 1
         # A finished item may make another worker's items eligible; look again soon.
@@ -270,24 +294,37 @@ class Scheduler:
                 lambda conn: self.dialect.fail(
                     conn, lane.worker.table, source_id, token, error, result.retry_delay
                 ),
+                extra,
             )
         elif kind is ResultKind.CRASHED:
             log.error("%s: %s", where, result.error, extra=extra)
-            self._release(lane, source_id, token, result.error or "crashed", crashed=True)
+            self._release(
+                lane, source_id, token, extra["attempt"], result.error or "crashed", crashed=True
+            )
 
-    def _release(self, lane: Lane, source_id: Any, token: int, message: str, crashed: bool) -> None:
+    def _release(
+        self,
+        lane: Lane,
+        source_id: Any,
+        token: int,
+        attempt: int | str,
+        message: str,
+        crashed: bool,
+    ) -> None:
         error = ErrorInfo(message, "dbworker.WorkerCrashed" if crashed else None)
+        where, extra = _item(lane, source_id, attempt)
         self._write(
-            f"releasing worker={lane.worker.name} source_id={source_id!r}",
+            f"releasing {where}",
             lambda conn: self.dialect.release(
                 conn, lane.worker.table, source_id, token, error, lane.worker.max_crashes, crashed
             ),
+            extra,
         )
 
     # -- renewal, timeouts, stopping ---------------------------------------------------
 
     def _renew(self) -> None:
-        self._last_renewal = time.monotonic()
+        self._next_renewal = time.monotonic() + self.timings.renew_every
         for lane in self.lanes.values():
             if not lane.held:
                 continue
@@ -298,6 +335,10 @@ class Scheduler:
                     functools.partial(self._renew_lane, lane=lane, held=held),
                 )
             except _Deferred:
+                # Try again as soon as the database may answer, not a renewal period
+                # later: after an outage longer than the lease, the renewal must come
+                # before the next claim, or this coordinator takes over its own items.
+                self._next_renewal = min(self._next_renewal, self._db_blocked_until)
                 continue
             for source_id in lost:
                 # Fenced renewal failed: another holder has the item. Stop this one so
@@ -305,12 +346,8 @@ class Scheduler:
                 lost_claim = lane.held.pop(source_id, None)
                 if lost_claim is not None:
                     lane.executor.kill((lane.worker.name, source_id, lost_claim.token))
-                    log.warning(
-                        "worker=%s source_id=%r lost its claim; handler stopped",
-                        lane.worker.name,
-                        source_id,
-                        extra={"worker": lane.worker.name, "source_id": source_id},
-                    )
+                    where, extra = _item(lane, source_id, lost_claim.attempt)
+                    log.warning("%s lost its claim; handler stopped", where, extra=extra)
 
     def _renew_lane(self, conn: Connection, lane: Lane, held: list[tuple[Any, int]]) -> list[Any]:
         missed = self.dialect.renew(conn, lane.worker.table, held, self.timings.lease_seconds)
@@ -345,16 +382,10 @@ class Scheduler:
                     else None
                 )
                 error = ErrorInfo(f"HandlerTimeout: {exc}", "dbworker.HandlerTimeout")
-                log.warning(
-                    "worker=%s source_id=%r attempt=%s timed out after %ss",
-                    lane.worker.name,
-                    source_id,
-                    held.attempt,
-                    limit,
-                    extra={"worker": lane.worker.name, "source_id": source_id},
-                )
+                where, extra = _item(lane, source_id, held.attempt)
+                log.warning("%s timed out after %ss", where, limit, extra=extra)
                 self._write(
-                    f"recording the timeout of worker={lane.worker.name} source_id={source_id!r}",
+                    f"recording the timeout of {where}",
                     functools.partial(
                         self.dialect.fail,
                         worker=lane.worker.table,
@@ -363,6 +394,7 @@ class Scheduler:
                         error=error,
                         retry_delay=delay,
                     ),
+                    extra,
                 )
 
     def _kill_running(self) -> None:
@@ -370,10 +402,13 @@ class Scheduler:
             for source_id, held in list(lane.held.items()):
                 if lane.executor.kill((lane.worker.name, source_id, held.token)):
                     lane.held.pop(source_id)
+                    where, extra = _item(lane, source_id, held.attempt)
+                    log.warning("%s stopped by coordinator shutdown; released", where, extra=extra)
                     self._release(
                         lane,
                         source_id,
                         held.token,
+                        held.attempt,
                         "stopped by coordinator shutdown",
                         crashed=False,
                     )
@@ -406,15 +441,34 @@ class Scheduler:
         lane.next_poll = now
         self.health.claimed += len(claims)
         for claim in claims:
+            where, extra = _item(lane, claim.source_id, claim.attempts)
+            previous = lane.held.pop(claim.source_id, None)
+            if previous is not None and claim.crashes > previous.crashes:
+                # A takeover (it counted a crash) of our own expired lease: renewals
+                # could not reach the database in time. The earlier run is fenced off
+                # now; stop it rather than leave it running untracked beside the new one.
+                lane.executor.kill((worker.name, claim.source_id, previous.token))
+                log.warning(
+                    "%s took over the item from this coordinator's own expired claim "
+                    "(attempt %s); the earlier run was stopped",
+                    where,
+                    previous.attempt,
+                    extra=extra,
+                )
+            elif previous is not None:
+                # The earlier run completed (Unfinished, a retry) and its result is on
+                # its way: keep it to report under its own attempt.
+                lane.completing[(claim.source_id, previous.token)] = previous
             if claim.crashes >= worker.max_crashes:
                 # The lease ran out under a holder that vanished, max_crashes times.
                 message = (
                     f"the item's holder vanished {claim.crashes} times (lease expired without "
                     "renewal); giving up"
                 )
+                log.error("%s failed: %s", where, message, extra=extra)
                 error = ErrorInfo(message, "dbworker.WorkerCrashed")
                 self._write(
-                    f"failing worker={worker.name} source_id={claim.source_id!r}",
+                    f"failing {where}",
                     functools.partial(
                         self.dialect.fail,
                         worker=worker.table,
@@ -422,10 +476,11 @@ class Scheduler:
                         token=claim.token,
                         error=error,
                     ),
+                    extra,
                 )
                 continue
             lane.held[claim.source_id] = Held(
-                claim.token, claim.attempts, claim.failures, time.monotonic()
+                claim.token, claim.attempts, claim.failures, time.monotonic(), claim.crashes
             )
             lane.executor.submit(
                 Task(
@@ -483,6 +538,13 @@ class Scheduler:
                 f"discovering rows of worker={worker.name}",
                 lambda conn: self.dialect.discover(conn, worker.table),
             )
+
+
+def _item(lane: Lane, source_id: Any, attempt: int | str) -> tuple[str, dict[str, Any]]:
+    """How log records name an item: in the message and as attributes (``extra``), so
+    log pipelines can filter by worker, source_id and attempt."""
+    where = f"worker={lane.worker.name} source_id={source_id!r} attempt={attempt}"
+    return where, {"worker": lane.worker.name, "source_id": source_id, "attempt": attempt}
 
 
 class _Deferred(Exception):

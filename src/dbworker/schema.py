@@ -74,6 +74,16 @@ def execution_table(worker: str, source_id_type: TypeEngine[Any], metadata: Meta
         postgresql_where=text(_OPEN_SQL),
         sqlite_where=text(_OPEN_SQL),
     )
+    # The open records in key order: a claim whose eligible query orders by the key
+    # reads them in order and stops at its limit, however large a backlog is. Only
+    # partial indexes can do that; on MySQL this one just mirrors the primary key
+    # (one entry per insert, never updated: the key does not change).
+    Index(
+        f"{name}_open_ix",
+        table.c.source_id,
+        postgresql_where=text(_OPEN_SQL),
+        sqlite_where=text(_OPEN_SQL),
+    )
     return table
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect as pyinspect
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +20,6 @@ from .executors import ExecutorChoice, Pool, Subprocess
 from .schema import execution_table
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from sqlalchemy import ColumnElement
 
 Handler = Callable[[Any, Session], Any]
@@ -182,6 +180,12 @@ class Worker:
     def has_status(
         self, source_id: Any, statuses: Iterable[ExecutionStatus]
     ) -> ColumnElement[bool]:
+        # A lone status (a str, being a StrEnum) would otherwise iterate as letters.
+        if isinstance(statuses, str) or not isinstance(statuses, Iterable):
+            raise ConfigurationError(
+                "statuses must be a collection of ExecutionStatus members, e.g. "
+                f"(ExecutionStatus.FINISHED,), got {statuses!r}"
+            )
         wanted = list(statuses)
         for status in wanted:
             if not isinstance(status, ExecutionStatus):

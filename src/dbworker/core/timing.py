@@ -100,7 +100,11 @@ class RetryPolicy:
             raise ConfigurationError(f"max_retries must be >= 0, got {self.max_retries}")
         require_positive("base_delay", self.base_delay)
         require_positive("max_delay", self.max_delay)
-        if not 0 <= self.jitter <= 1:
+        if (
+            isinstance(self.jitter, bool)
+            or not isinstance(self.jitter, int | float)
+            or not 0 <= self.jitter <= 1
+        ):
             raise ConfigurationError(f"jitter must be between 0 and 1, got {self.jitter}")
         if not self.retry_on or not all(
             isinstance(t, type) and issubclass(t, BaseException) for t in self.retry_on

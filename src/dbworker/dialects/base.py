@@ -84,6 +84,12 @@ class Owner:
         return cls(socket.gethostname()[:255], os.getpid())
 
 
+def claim_columns(table: Table) -> tuple[ColumnElement[Any], ...]:
+    """What a claim reads of each record: the fields of ``Claim``, in order."""
+    c = table.c
+    return (c.source_id, c.token, c.attempts, c.failures, c.crashes)
+
+
 def _lit(phase: Phase) -> ColumnElement[str]:
     # Literal (not bound) status values let planners match the partial index's
     # predicate even in prepared, generic plans.
@@ -160,14 +166,15 @@ class Dialect:
     def sweep(self, conn: Connection, worker: WorkerTable, above: Any = None) -> int:
         """Add pending records for every source row (above ``above``) that has none."""
         table, pk = worker.table, worker.source_pk
-        query = (
-            select(pk, self.now())
-            .where(~exists().where(table.c.source_id == pk))
-            .order_by(pk)
-            .limit(self.discovery_batch)
-        )
-        if above is not None:
-            query = query.where(pk > above)
+        query = select(pk, self.now()).order_by(pk).limit(self.discovery_batch)
+        if above is None:
+            query = query.where(~exists().where(table.c.source_id == pk))
+        else:
+            # The bound on source_id repeats pk > above for the planner: PostgreSQL does
+            # not carry it across the join, and merge-joins the whole history otherwise.
+            query = query.where(pk > above).where(
+                ~exists().where(table.c.source_id == pk, table.c.source_id > above)
+            )
         return self._add_pending(conn, worker, conn.execute(query).all())
 
     def watermark(self, conn: Connection, worker: WorkerTable) -> Any:
@@ -219,14 +226,7 @@ class Dialect:
         """The eligible query rewritten to return claimable execution records, in its order."""
         table = worker.table
         return (
-            eligible.with_only_columns(
-                table.c.source_id,
-                table.c.token,
-                table.c.attempts,
-                table.c.failures,
-                table.c.crashes,
-                maintain_column_froms=True,
-            )
+            eligible.with_only_columns(*claim_columns(table), maintain_column_froms=True)
             .where(table.c.source_id == worker.source_pk, self.claimable(table, now))
             .limit(limit)
         )

@@ -4,11 +4,30 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import ColumnElement, Connection, Float, Select, Table, func, literal_column
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Double,
+    Select,
+    Table,
+    func,
+    literal_column,
+    select,
+    type_coerce,
+    union_all,
+)
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.sql.dml import Insert
 
-from .base import Claim, Dialect, WorkerTable
+from ..core.status import Phase
+from .base import Claim, Dialect, WorkerTable, claim_columns
+from .open_first import (
+    StraightJoin,
+    in_direction,
+    key_direction,
+    pin_open_records,
+    status_index,
+)
 
 # 1205 lock wait timeout, 1213 deadlock, 1927 connection killed (MariaDB),
 # 2002/2003 cannot connect, 2006 server gone away, 2013 lost connection, 4031 idle disconnect.
@@ -24,15 +43,18 @@ class MySQLDialect(Dialect):
     def db_now(self) -> ColumnElement[float]:
         # UTC_TIMESTAMP is independent of the session time zone, and TIMESTAMPDIFF
         # on DATETIMEs does no zone conversion (UNIX_TIMESTAMP(NOW()) would, and is
-        # ambiguous in a DST fall-back hour).
-        return (
+        # ambiguous in a DST fall-back hour). No CAST(... AS FLOAT): that is single
+        # precision, which stores today's epoch in steps of 128 seconds (leases would
+        # expire minutes late). Dividing by a DOUBLE literal yields a DOUBLE as it is.
+        return type_coerce(
             func.timestampdiff(
                 literal_column("MICROSECOND"),
                 literal_column("'1970-01-01 00:00:00'"),
                 func.utc_timestamp(6),
             )
-            / 1e6
-        ).cast(Float())
+            / literal_column("1e6"),
+            Double(),
+        )
 
     def coordinator_engine_options(self) -> dict[str, Any]:
         # Claims read the latest committed rows; REPEATABLE READ's snapshot would
@@ -44,6 +66,39 @@ class MySQLDialect(Dialect):
         statement = mysql_insert(table)
         return statement.on_duplicate_key_update(source_id=statement.inserted.source_id)
 
+    def candidates(
+        self, worker: WorkerTable, eligible: Select[Any], limit: int, now: ColumnElement[float]
+    ) -> Select[Any]:
+        table = worker.table
+        query = eligible.with_only_columns(*claim_columns(table), maintain_column_froms=True)
+        # MySQL and MariaDB walk the history in ORDER BY order as soon as open work
+        # looks common (a backlog), even with fresh statistics. STRAIGHT_JOIN reads the
+        # execution table first, and FORCE INDEX reads it through the status index,
+        # that is, only its open records: there is no partial index here.
+        query = pin_open_records(query, worker, StraightJoin)
+        hint = f"FORCE INDEX ({status_index(table)})"
+        for backend in self.backend_names:
+            query = query.with_hint(table, hint, dialect_name=backend)
+        direction = key_direction(eligible, worker)
+        if direction is None:
+            return query.where(self.claimable(table, now)).limit(limit)
+        # In key order, one status at a time: the status index then yields each
+        # status's records in key order and each part stops at the limit, however
+        # large the backlog; the union of the parts is put in order again. Every
+        # status gets a part, so that ``claimable`` alone decides what is claimable
+        # (a part whose status it excludes is an impossible range, read in no time).
+        order = in_direction(table.c.source_id, direction)
+        claimable = self.claimable(table, now)
+        parts = [
+            query.where(table.c.status == literal_column(f"'{phase.value}'"), claimable)
+            .order_by(None)
+            .order_by(order)
+            .limit(limit)
+            for phase in Phase
+        ]
+        union = union_all(*parts).subquery("dbworker_open")
+        return select(*union.c).order_by(in_direction(union.c.source_id, direction)).limit(limit)
+
     def lock_candidates(
         self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
     ) -> list[Claim]:
@@ -54,14 +109,14 @@ class MySQLDialect(Dialect):
         # is still claimable, and search further past rows another claimer holds.
         table = worker.table
         claims: list[Claim] = []
-        seen: list[Any] = []
+        seen: set[Any] = set()
         for _ in range(self.search_rounds):
             wanted = limit - len(claims)
-            window = 2 * wanted + 8
-            query = self.candidates(worker, eligible, window, self.now())
-            if seen:
-                query = query.where(table.c.source_id.not_in(seen))
-            found = [row[0] for row in conn.execute(query).all()]
+            # Each round reads past the rows earlier rounds saw (they are skipped
+            # here rather than excluded in SQL, so ``candidates`` stays one query).
+            window = len(seen) + 2 * wanted + 8
+            searched = conn.execute(self.candidates(worker, eligible, window, self.now())).all()
+            found = [row[0] for row in searched if row[0] not in seen]
             if not found:
                 break
             # Lock no more rows than are still wanted, walking ``found`` in the
@@ -86,9 +141,9 @@ class MySQLDialect(Dialect):
                 )
                 locked = {row[0]: Claim(*row) for row in rows}
                 claims.extend(locked[i] for i in chunk if i in locked)
-            if len(claims) >= limit or len(found) < window:
+            if len(claims) >= limit or len(searched) < window:
                 break
-            seen.extend(found)
+            seen.update(found)
         return claims
 
     def is_transient(self, error: BaseException) -> bool:

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import ColumnElement, Connection, Float, Select, Table, cast, extract, func
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Float,
+    Select,
+    Table,
+    cast,
+    extract,
+    func,
+    literal_column,
+    select,
+    true,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
-from .base import Claim, Dialect, WorkerTable
+from .base import Claim, Dialect, WorkerTable, claim_columns
+from .open_first import apply_modifiers, in_direction, key_direction, plain_shape, split_order
 
 # SQLSTATEs worth retrying: serialization failure, deadlock, lock not available,
 # admin shutdown / crash shutdown / cannot connect now (a restarting server).
@@ -26,6 +39,47 @@ class PostgreSQLDialect(Dialect):
 
     def insert_ignore(self, table: Table) -> Insert:
         return pg_insert(table).on_conflict_do_nothing(index_elements=["source_id"])
+
+    def candidates(
+        self, worker: WorkerTable, eligible: Select[Any], limit: int, now: ColumnElement[float]
+    ) -> Select[Any]:
+        # PostgreSQL has no join hints, and with a backlog or stale statistics it walks
+        # or merge-joins the whole history in ORDER BY order. A LATERAL subquery with
+        # OFFSET 0 cannot be flattened, so the open records are read first and each is
+        # looked up in the eligible query; its ORDER BY expressions come back as columns.
+        terms = [split_order(term) for term in eligible._order_by_clauses]
+        checked = [term for term in terms if term is not None]
+        if not plain_shape(eligible) or len(checked) < len(terms):
+            return super().candidates(worker, eligible, limit, now)
+        table = worker.table
+        direction = key_direction(eligible, worker)
+        labels: list[ColumnElement[Any]] = []
+        if direction is None:
+            labels = [
+                element.label(f"dbworker_order_{i}") for i, (element, _) in enumerate(checked)
+            ]
+        lookup = (
+            eligible.with_only_columns(*labels or [literal_column("1")], maintain_column_froms=True)
+            .where(worker.source_pk == table.c.source_id)
+            .order_by(None)
+            .offset(0)
+            .lateral("dbworker_eligible")
+        )
+        if direction is not None:
+            order = [in_direction(table.c.source_id, direction)]
+        else:
+            order = [
+                apply_modifiers(lookup.c[f"dbworker_order_{i}"], modifiers)
+                for i, (_, modifiers) in enumerate(checked)
+            ]
+        return (
+            select(*claim_columns(table))
+            .select_from(table)
+            .join(lookup, true())
+            .where(self.claimable(table, now))
+            .order_by(*order)
+            .limit(limit)
+        )
 
     def lock_candidates(
         self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int

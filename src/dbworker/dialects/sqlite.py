@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import ColumnElement, Engine, Float, Table, event, func, literal
+from sqlalchemy import ColumnElement, Engine, Float, Select, Table, event, func, literal
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import Insert
 
 from ..core.errors import ConfigurationError
-from .base import Dialect
+from .base import Dialect, WorkerTable, claim_columns
+from .open_first import CrossJoin, in_direction, key_direction, pin_open_records
 
-#: How long a connection waits for the write lock before SQLITE_BUSY.
+#: How long a connection waits for the write lock before SQLITE_BUSY, unless the
+#: engine's options say otherwise (``connect_args={"timeout": seconds}`` or
+#: ``?timeout=seconds`` in the URL, as for any pysqlite engine).
 BUSY_TIMEOUT_MS = 30_000
 
 
@@ -47,7 +50,27 @@ class SQLiteDialect(Dialect):
     def insert_ignore(self, table: Table) -> Insert:
         return sqlite_insert(table).on_conflict_do_nothing(index_elements=["source_id"])
 
+    def candidates(
+        self, worker: WorkerTable, eligible: Select[Any], limit: int, now: ColumnElement[float]
+    ) -> Select[Any]:
+        table = worker.table
+        query = eligible.with_only_columns(*claim_columns(table), maintain_column_froms=True)
+        # SQLite's planner walks the source table in ORDER BY order through the whole
+        # history when its statistics (or their absence) make open work look common;
+        # CROSS JOIN pins the execution table, read through an open-records index, as
+        # the outer loop.
+        query = pin_open_records(query, worker, CrossJoin).where(self.claimable(table, now))
+        direction = key_direction(eligible, worker)
+        if direction is not None:
+            query = query.order_by(None).order_by(in_direction(table.c.source_id, direction))
+        return query.limit(limit)
+
     def configure_engine(self, engine: Engine) -> None:
+        @event.listens_for(engine, "do_connect")
+        def _do_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: Any) -> None:
+            # pysqlite's ``timeout`` is SQLite's busy timeout; keep the user's choice.
+            cparams.setdefault("timeout", BUSY_TIMEOUT_MS / 1000)
+
         @event.listens_for(engine, "connect")
         def _connect(dbapi_connection: Any, _record: Any) -> None:
             # pysqlite's own implicit BEGIN is deferred; turn it off and issue
@@ -57,7 +80,6 @@ class SQLiteDialect(Dialect):
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             try:
-                cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
                 # WAL lets readers (the application, status queries) proceed
                 # while a claim or a handler transaction writes.
                 cursor.execute("PRAGMA journal_mode = WAL")

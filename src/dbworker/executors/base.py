@@ -12,9 +12,12 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.timing import RetryPolicy
+
+if TYPE_CHECKING:
+    from ..dialects import Dialect
 
 
 class ResultKind(enum.StrEnum):
@@ -72,6 +75,10 @@ class ChildConfig:
     database_url: str
     engine_options: dict[str, Any]
     parent_pid: int
+    #: The dialect class the coordinator resolved (pickled by reference). Without it
+    #: a process resolves it again, and a new process pays for scanning every
+    #: installed package's entry points: on each invocation under spawn.
+    dialect: type[Dialect] | None = None
 
 
 class Executor(ABC):

@@ -10,6 +10,7 @@ never a plain fork of the threaded coordinator.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -22,6 +23,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from sqlalchemy.engine import make_url
+
+from ..dialects.registry import dialect_class
 from .base import ChildConfig, Executor, Result, ResultKind, Task, TaskKey
 from .runtime import Runtime, describe
 
@@ -80,6 +84,7 @@ def child_main(conn: Connection, config: ChildConfig) -> None:
     threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
     runtime = Runtime(config)
     try:
+        runtime.warm_up()
         while True:
             try:
                 message = conn.recv()
@@ -151,11 +156,17 @@ class ProcessPool(Executor):
         start_method: str | None = None,
         max_tasks_per_child: int | None = None,
     ) -> None:
+        if config.dialect is None:
+            # Resolved here, where it is cached, and handed to every child.
+            backend = make_url(config.database_url).get_backend_name()
+            config = dataclasses.replace(config, dialect=dialect_class(backend))
         super().__init__(slots, config)
         # Choices are validated where users make them (strategies.py).
         self._context: Any = multiprocessing.get_context(start_method or default_start_method())
         self.max_tasks_per_child = max_tasks_per_child
         self._children: list[_Child] = []
+        #: Recycled children on their way out, with the time to stop waiting for them.
+        self._retiring: list[tuple[ProcessHandle, float]] = []
         self._payloads: dict[str, bytes] = {}
 
     def start(self) -> None:
@@ -199,6 +210,7 @@ class ProcessPool(Executor):
         return handles
 
     def collect(self) -> list[Result]:
+        self._reap()
         results: list[Result] = []
         for index, child in enumerate(self._children):
             if child.task is None:
@@ -240,14 +252,28 @@ class ProcessPool(Executor):
         return None
 
     def _retire(self, index: int) -> None:
+        # Ask the child to exit and start its successor at once; waiting for the
+        # exit here would hold up the scheduler's loop (every worker's results,
+        # renewals and claims) for each recycled child: on every item under spawn.
         child = self._children[index]
         with contextlib.suppress(OSError):
             child.conn.send(None)
-        child.process.join(EXIT_GRACE_SECONDS)
-        if child.process.is_alive():
-            child.process.kill()
-            child.process.join()
-        self._replace(index)
+        child.conn.close()
+        self._retiring.append((child.process, time.monotonic() + EXIT_GRACE_SECONDS))
+        self._children[index] = self._spawn()
+
+    def _reap(self) -> None:
+        """Collect recycled children that have exited; kill those past their grace."""
+        now = time.monotonic()
+        still: list[tuple[ProcessHandle, float]] = []
+        for process, deadline in self._retiring:
+            if process.is_alive() and now < deadline:
+                still.append((process, deadline))
+                continue
+            if process.is_alive():
+                process.kill()
+            process.join()
+        self._retiring = still
 
     def _replace(self, index: int) -> None:
         old = self._children[index]
@@ -288,3 +314,9 @@ class ProcessPool(Executor):
                 child.process.join()
             child.conn.close()
         self._children.clear()
+        for process, _ in self._retiring:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._retiring.clear()

@@ -12,13 +12,14 @@ import time
 import traceback
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy import Engine, Integer, create_engine, inspect
 from sqlalchemy.orm import Session
 
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
 from ..dialects import Dialect, ErrorInfo, WorkerTable, for_engine
-from ..schema import detached_table
+from ..dialects.base import _bounded
+from ..schema import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, detached_table
 from .base import ChildConfig, Result, ResultKind, Task
 
 
@@ -65,7 +66,10 @@ class Runtime:
                 self.config.database_url,
                 **{"pool_pre_ping": True, **self.config.engine_options},
             )
-            self._dialect = for_engine(self._engine)
+            if self.config.dialect is not None:
+                self._dialect = self.config.dialect()
+            else:
+                self._dialect = for_engine(self._engine)
             self._dialect.configure_engine(self._engine)
         return self._engine
 
@@ -83,6 +87,20 @@ class Runtime:
                 task.worker, detached_table(task.worker, pk.type), pk, monotonic_keys=False
             )
         return self._tables[key]
+
+    def warm_up(self) -> None:
+        """Pay a new process's first-use costs before it is given work: importing the
+        database driver, loading the SQLAlchemy dialect modules the execution table's
+        definition needs, resolving the dbworker dialect, and connecting.
+
+        A process started ahead of its first task (every pool child; spawn's next
+        process) then starts the handler at once. A failure here is not an error:
+        the first task meets it again and reports it as that task's.
+        """
+        with contextlib.suppress(Exception):
+            detached_table("warm_up", Integer())
+            with self.engine.connect():
+                pass  # returned to the engine's pool, open, for the first task
 
     def dispose(self) -> None:
         if self._engine is not None:
@@ -177,7 +195,13 @@ def describe(exc: BaseException) -> ErrorInfo:
     )
     message = f"{kind.__name__}: {exc}" if str(exc) else kind.__name__
     trace = "".join(traceback.format_exception(exc))
-    return ErrorInfo(message, name, trace)
+    # Bounded where the error is born, as the database stores it: a megabyte-long
+    # message must not travel through pipes into every log record either.
+    return ErrorInfo(
+        _bounded(message, MAX_ERROR_CHARS) or message,
+        name,
+        _bounded(trace, MAX_TRACEBACK_CHARS) or trace,
+    )
 
 
 def _with_duration(result: Result, duration: float) -> Result:

@@ -1,0 +1,173 @@
+"""Claim searches that start from the open execution records, whatever the statistics say.
+
+An execution table keeps a FINISHED record for every row a worker ever processed; the
+open records (pending, unfinished, working) are a small set, and they have the largest
+keys. A planner left to choose may read the application's rows in the eligible query's
+ORDER BY (or the execution table in key order) and meet open work only after walking
+the whole history: it assumes open rows are spread evenly through the keys. It does so
+with fresh statistics as soon as open work looks plentiful (a backlog), and with stale
+ones at any time. Each built-in dialect therefore pins the open records as the outer
+side of the search, with whatever its database offers; these are the shared pieces.
+
+When the eligible query orders by the source key, the order is rewritten onto the
+execution record's ``source_id`` (equal by the join), so that an index holding only open
+records, in key order, serves it and the search stops at its limit: a claim then reads
+a handful of index entries even in a backlog of millions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, ClassVar
+
+from sqlalchemy import ColumnElement, Select, Table, asc, desc, nulls_first, nulls_last
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import operators
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import UnaryExpression
+from sqlalchemy.sql.selectable import FromClause, Join
+
+from .base import WorkerTable
+
+_MODIFIERS: dict[Any, Callable[[ColumnElement[Any]], ColumnElement[Any]]] = {
+    operators.asc_op: asc,
+    operators.desc_op: desc,
+    operators.nulls_first_op: nulls_first,
+    operators.nulls_last_op: nulls_last,
+}
+
+#: ORDER BY terms that name a column of the SELECT list rather than an expression.
+_REFERENCES = frozenset({"label_reference", "textual_label_reference", "textclause"})
+
+
+class _PinnedJoin(Join):
+    """An inner join whose left side (the execution table) the database must read first."""
+
+    inherit_cache = True
+    keyword: ClassVar[str]
+
+
+class CrossJoin(_PinnedJoin):
+    """SQLite never reorders the tables around a CROSS JOIN: the left one is the outer loop."""
+
+    inherit_cache = True
+    __visit_name__ = "dbworker_cross_join"
+    keyword = "CROSS JOIN"
+
+
+class StraightJoin(_PinnedJoin):
+    """MySQL's STRAIGHT_JOIN reads the left table before the right one."""
+
+    inherit_cache = True
+    __visit_name__ = "dbworker_straight_join"
+    keyword = "STRAIGHT_JOIN"
+
+
+def _originals(elements: Iterable[FromClause]) -> Iterator[FromClause]:
+    for element in elements:
+        while element._is_clone_of is not None:
+            element = element._is_clone_of
+        yield element
+
+
+@compiles(CrossJoin)
+@compiles(StraightJoin)
+def _compile_pinned(
+    join: _PinnedJoin,
+    compiler: SQLCompiler,
+    asfrom: bool = False,
+    from_linter: Any = None,
+    **kw: Any,
+) -> str:
+    # As SQLCompiler.visit_join, with the database's own join keyword.
+    if from_linter:
+        from_linter.edges.update(
+            itertools.product(
+                _originals(join.left._from_objects), _originals(join.right._from_objects)
+            )
+        )
+    left = join.left._compiler_dispatch(compiler, asfrom=True, from_linter=from_linter, **kw)
+    right = join.right._compiler_dispatch(compiler, asfrom=True, from_linter=from_linter, **kw)
+    assert join.onclause is not None, "pinned joins are always built with an ON clause"
+    on = join.onclause._compiler_dispatch(compiler, from_linter=from_linter, **kw)
+    return f"{left} {join.keyword} {right} ON {on}"
+
+
+def pin_open_records(
+    query: Select[Any], worker: WorkerTable, join: type[_PinnedJoin]
+) -> Select[Any]:
+    """``query`` (the eligible query, with the execution table's columns) with the
+    execution table joined in front of the source table by ``join``."""
+    pk = worker.source_pk
+    on = worker.table.c.source_id == pk
+    return query.select_from(join(worker.table, pk.table, on))
+
+
+def split_order(term: Any) -> tuple[ColumnElement[Any], list[Any]] | None:
+    """An ORDER BY term as (expression, [modifiers, outermost first]); None for a term
+    this module does not rewrite (a label reference, a textual ORDER BY)."""
+    modifiers = []
+    while isinstance(term, UnaryExpression) and term.modifier in _MODIFIERS:
+        modifiers.append(term.modifier)
+        term = term.element
+    if (
+        isinstance(term, UnaryExpression)
+        or not isinstance(term, ColumnElement)
+        or term.__visit_name__ in _REFERENCES
+    ):
+        return None
+    return term, modifiers
+
+
+def apply_modifiers(element: ColumnElement[Any], modifiers: list[Any]) -> ColumnElement[Any]:
+    for modifier in reversed(modifiers):
+        element = _MODIFIERS[modifier](element)
+    return element
+
+
+def is_source_key(element: ColumnElement[Any], worker: WorkerTable) -> bool:
+    return bool(element.compare(worker.source_pk))
+
+
+def key_direction(eligible: Select[Any], worker: WorkerTable) -> str | None:
+    """``"asc"`` or ``"desc"`` when the eligible query orders by the source key first
+    (so ordering by the execution record's ``source_id`` is the same order); else None.
+
+    Only for integer keys: a string key's order depends on its column's collation,
+    which the execution table's copy of the key need not share. The key is unique, so
+    ORDER BY terms after it never decide anything.
+    """
+    if not worker.monotonic_keys or not eligible._order_by_clauses:
+        return None
+    first = split_order(eligible._order_by_clauses[0])
+    if first is None or not is_source_key(first[0], worker):
+        return None
+    return "desc" if operators.desc_op in first[1] else "asc"
+
+
+def in_direction(column: ColumnElement[Any], direction: str) -> ColumnElement[Any]:
+    return column.desc() if direction == "desc" else column.asc()
+
+
+def plain_shape(eligible: Select[Any]) -> bool:
+    """Whether the eligible query is a plain filtered, ordered SELECT, which a rewrite
+    into a per-record lookup keeps equivalent (no DISTINCT, GROUP BY, HAVING, LIMIT,
+    OFFSET or FOR UPDATE of its own)."""
+    return not (
+        eligible._distinct
+        or eligible._group_by_clauses
+        or eligible._having_criteria
+        or eligible._limit_clause is not None
+        or eligible._offset_clause is not None
+        or eligible._fetch_clause is not None
+        or eligible._for_update_arg is not None
+    )
+
+
+def status_index(table: Table) -> str:
+    """The name of the execution table's (status, source_id) index."""
+    for index in table.indexes:
+        if [c.name for c in index.columns] == ["status", "source_id"] and index.name:
+            return str(index.name)
+    raise LookupError(f"{table.name} has no (status, source_id) index")

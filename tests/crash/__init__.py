@@ -1,0 +1,1 @@
+"""Real-process crash tests: SIGKILLed children and coordinators, stale holders."""

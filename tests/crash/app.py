@@ -1,0 +1,160 @@
+"""Models, the handler and the worker registration shared by the crash tests.
+
+Everything here lives at module scope because pool children import the handler by
+reference. The handler talks to the test through files in a per-test directory (its
+path is stored on each item row, so children and coordinator subprocesses find it
+without sharing memory or environment with the test): it announces every run with
+its pid, and a "gate" item blocks until the test lets that run continue. Files, not
+rows, so that announcing and waiting never take database locks (on SQLite a write
+would need the database-wide lock that a blocked writer elsewhere might hold).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Float, Integer, String, event
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from dbworker import Coordinator, Finished, Outcome, Unfinished
+
+WORKER = "crash"
+
+#: How long a gated run waits for the test before giving up (a failing test must not
+#: leave a handler blocked forever).
+GATE_TIMEOUT_SECONDS = 300.0
+
+# Item modes: what the handler does after announcing its run.
+QUICK = "quick"  # write an effect, Finished
+SLEEP = "sleep"  # sleep sleep_seconds, write an effect, Finished
+GATE = "gate"  # wait for the test's go file, write an effect, Finished
+UNFINISHED = "unfinished"  # write an effect, Unfinished
+RAISE = "raise"  # write an effect, then raise
+SIGKILL_SELF = "sigkill"  # SIGKILL its own process
+EXIT_3 = "exit3"  # os._exit(3)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Item(Base):
+    __tablename__ = "crash_items"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    mode: Mapped[str] = mapped_column(String(16))
+    workdir: Mapped[str] = mapped_column(String(1000))
+    sleep_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Effect(Base):
+    """One row per committed handler run.
+
+    Deliberately without a unique constraint on item_id: a duplicate effect must be
+    stored (and counted by the test), not rejected by the database.
+    """
+
+    __tablename__ = "crash_effects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    item_id: Mapped[int] = mapped_column(Integer)
+    run: Mapped[int] = mapped_column(Integer)
+    pid: Mapped[int] = mapped_column(Integer)
+
+
+# -- files shared with the test ------------------------------------------------------
+
+
+def run_path(workdir: str | Path, item_id: int, run: int) -> Path:
+    return Path(workdir) / f"run-{item_id}-{run}"
+
+
+def go_path(workdir: str | Path, item_id: int, run: int) -> Path:
+    return Path(workdir) / f"go-{item_id}-{run}"
+
+
+def marker_path(workdir: str | Path, name: str, item_id: int, run: int) -> Path:
+    return Path(workdir) / f"{name}-{item_id}-{run}"
+
+
+def touch(path: Path) -> None:
+    # Write then rename, so a reader never sees a half-written file.
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(str(os.getpid()))
+    partial.replace(path)
+
+
+def announce_run(workdir: str, item_id: int) -> int:
+    """Record a new run of ``item_id`` with this process's pid; return its number (1, 2...).
+
+    O_EXCL creation numbers runs atomically even if two processes run the item at once.
+    """
+    run = 1
+    while True:
+        path = run_path(workdir, item_id, run)
+        try:
+            fd = os.open(path.with_name(path.name + ".lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            run += 1
+            continue
+        os.close(fd)
+        touch(path)
+        return run
+
+
+def read_pid(path: Path) -> int:
+    return int(path.read_text())
+
+
+def wait_for_gate(workdir: str, item_id: int, run: int) -> None:
+    go = go_path(workdir, item_id, run)
+    deadline = time.monotonic() + GATE_TIMEOUT_SECONDS
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the test never opened {go}")
+        time.sleep(0.02)
+
+
+# -- the handler -----------------------------------------------------------------------
+
+
+def handle(source: Item, session: Session) -> Outcome:
+    item_id, mode, workdir = source.id, source.mode, source.workdir
+    sleep_seconds = source.sleep_seconds
+    # End the read transaction before waiting: on SQLite it holds the database-wide
+    # write lock (BEGIN IMMEDIATE), which would stall every other process meanwhile.
+    session.rollback()
+    run = announce_run(workdir, item_id)
+    if mode == SIGKILL_SELF:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == EXIT_3:
+        os._exit(3)
+    if mode == GATE:
+        wait_for_gate(workdir, item_id, run)
+    if mode == SLEEP:
+        time.sleep(sleep_seconds)
+    session.add(Effect(item_id=item_id, run=run, pid=os.getpid()))
+    # Flush so the INSERT has really reached the database inside the handler's
+    # transaction: if the effect is absent later, the rollback removed it.
+    session.flush()
+    touch(marker_path(workdir, "flushed", item_id, run))
+
+    def rolled_back(_session: Any) -> None:
+        touch(marker_path(workdir, "rolledback", item_id, run))
+
+    # Fires when dbworker rolls the transaction back (a stale token, or a failure).
+    event.listen(session, "after_rollback", rolled_back)
+    if mode == RAISE:
+        raise RuntimeError(f"item {item_id} raised on purpose")
+    if mode == UNFINISHED:
+        return Unfinished()
+    return Finished()
+
+
+def register(coordinator: Coordinator, concurrency: int) -> None:
+    """Register the crash worker; used by the tests and by run_coordinator alike."""
+    coordinator.transactional_worker(name=WORKER, source=Item, concurrency=concurrency)(handle)
