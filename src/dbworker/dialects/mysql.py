@@ -126,19 +126,24 @@ class MySQLDialect(Dialect):
             while position < len(found) and len(claims) < limit:
                 chunk = found[position : position + limit - len(claims)]
                 position += len(chunk)
-                rows: list[Any] = list(
-                    conn.execute(
-                        Select(
-                            table.c.source_id,
-                            table.c.token,
-                            table.c.attempts,
-                            table.c.failures,
-                            table.c.crashes,
-                        )
-                        .where(table.c.source_id.in_(chunk), self.claimable(table, self.now()))
-                        .with_for_update(skip_locked=True)
-                    ).all()
+                lock = (
+                    select(
+                        table.c.source_id,
+                        table.c.token,
+                        table.c.attempts,
+                        table.c.failures,
+                        table.c.crashes,
+                    )
+                    .where(table.c.source_id.in_(chunk), self.claimable(table, self.now()))
+                    .with_for_update(skip_locked=True)
                 )
+                # Through the primary key only: MariaDB 10.11 picked the open-records
+                # index here, and a SKIP LOCKED read through a secondary index left a
+                # lock on a row it skipped, granted once its holder committed, so
+                # that holder's next finish waited for this claim's transaction.
+                for backend in self.backend_names:
+                    lock = lock.with_hint(table, "FORCE INDEX (PRIMARY)", dialect_name=backend)
+                rows: list[Any] = list(conn.execute(lock).all())
                 locked = {row[0]: Claim(*row) for row in rows}
                 claims.extend(locked[i] for i in chunk if i in locked)
             if len(claims) >= limit or len(searched) < window:

@@ -1,0 +1,104 @@
+"""Deliberately broken dialects: each overrides one method of a real dialect with the
+mistake it is named after. The state machine must catch every one of them
+(test_broken_variants.py); a suite that passed them would prove nothing.
+
+They are mixins, so one mistake can be applied to each backend's dialect:
+``broken(NoLockClaim, PostgreSQLDialect)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Select, Table, and_, literal_column, true, update
+
+from dbworker.core.status import OPEN, Phase
+from dbworker.dialects import Claim, Dialect, WorkerTable
+
+
+def _status(table: Table, phase: Phase) -> ColumnElement[bool]:
+    return table.c.status == literal_column(f"'{phase.value}'")
+
+
+class NoLockClaim(Dialect):
+    """(a) Selects candidates without FOR UPDATE / SKIP LOCKED: a second claimer picks
+    the rows a claim in progress holds and then waits on them (or, with threads,
+    overwrites that claim)."""
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        rows = conn.execute(self.candidates(worker, eligible, limit, self.now())).all()
+        return [Claim(*row) for row in rows]
+
+
+class WaitingClaim(Dialect):
+    """(a, PostgreSQL) Locks with FOR UPDATE but without SKIP LOCKED: a second claimer
+    queues behind a claim in progress instead of taking the next rows."""
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        query = self.candidates(worker, eligible, limit, self.now())
+        return [Claim(*row) for row in conn.execute(query.with_for_update(of=worker.table))]
+
+
+class UnguardedClaim(Dialect):
+    """(a, SQLite) One writer at a time makes a missing lock unobservable in one thread,
+    so the claim forgets its guard instead: FINISHED and FAILED rows, running claims and
+    delayed retries are all "claimable"."""
+
+    def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
+        return true()
+
+
+class UnfencedFinish(Dialect):
+    """(b) Completes without checking the token: a holder whose lease expired and was
+    taken over still finishes the item, and its handler's writes commit."""
+
+    def finish(self, conn: Connection, worker: WorkerTable, source_id: Any, token: int) -> bool:
+        table = worker.table
+        statement = (
+            update(table)
+            .where(table.c.source_id == source_id, _status(table, Phase.WORKING))
+            .values(status=Phase.FINISHED.value, lease_expires_at=None, error=None)
+        )
+        return conn.execute(statement).rowcount == 1
+
+
+class UnfencedRenew(Dialect):
+    """(c) Renews without checking the token: a holder that lost its claim never finds
+    out, and extends the new holder's lease."""
+
+    def renew(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        held: Any,
+        lease_seconds: float,
+    ) -> list[Any]:
+        table = worker.table
+        lost = []
+        for source_id, _token in held:
+            statement = (
+                update(table)
+                .where(table.c.source_id == source_id, _status(table, Phase.WORKING))
+                .values(lease_expires_at=self.now() + lease_seconds)
+            )
+            if conn.execute(statement).rowcount != 1:
+                lost.append(source_id)
+        return lost
+
+
+class LeaseIgnoringTakeover(Dialect):
+    """(d) Takes over WORKING records whether or not their lease has run out."""
+
+    def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
+        open_ = table.c.status.in_([literal_column(f"'{p.value}'") for p in sorted(OPEN)])
+        due = (table.c.not_before.is_(None)) | (table.c.not_before <= now)
+        return and_(open_, ~_status(table, Phase.UNFINISHED) | due)
+
+
+def broken(mistake: type[Dialect], base: type[Dialect]) -> type[Dialect]:
+    """``base`` (a real dialect class) with ``mistake``'s one override."""
+    return type(f"{mistake.__name__}{base.__name__}", (mistake, base), {})
