@@ -17,10 +17,15 @@ from sqlalchemy.orm import Session
 
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
+from ..core.timing import RetryPolicy
 from ..dialects import Dialect, ErrorInfo, WorkerTable, for_engine
 from ..dialects.base import _bounded
 from ..schema import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, detached_table
 from .base import ChildConfig, Result, ResultKind, Task
+
+#: Retries of a handler whose transaction failed on a transient database error
+#: (connection lost, deadlock, serialization failure), with or without a retry policy.
+DATABASE_RETRY = RetryPolicy(max_retries=10, base_delay=1.0, max_delay=60.0)
 
 
 class HandlerSession(Session):
@@ -162,6 +167,10 @@ class Runtime:
         retry_delay = None
         if task.retry is not None and task.retry.applies(exc, task.failures):
             retry_delay = task.retry.delay(task.failures)
+        elif self.dialect.is_transient(exc) and DATABASE_RETRY.applies(exc, task.failures):
+            # A lost connection or a deadlock is the database's doing, not the
+            # handler's: its transaction rolled back, so run it again, a few times.
+            retry_delay = DATABASE_RETRY.delay(task.failures)
 
         def result(kind: ResultKind, **extra: Any) -> Result:
             return Result(

@@ -1,0 +1,1 @@
+"""Production operation: database outages, the CLI, retries, records, Alembic, logging."""
