@@ -459,7 +459,7 @@ BREAKAGES: tuple[Breakage, ...] = (
         fixed(LockingSearchMySQL),
         ("mysql",),
         # MariaDB also answers the second claimer with no rows here.
-        ("claim_leaves_source_rows_unlocked[join]", *RACING),
+        ("claim_leaves_source_rows_unlocked[ordered]", *RACING),
     ),
     Breakage("over-locking", fixed(OverLockingMySQL), ("mysql",), RACING),
     Breakage("claims-concurrently", fixed(ConcurrentSQLite), ("sqlite",), RACING),

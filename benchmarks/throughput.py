@@ -1,0 +1,294 @@
+"""End-to-end no-op throughput: dbworker on each database against Celery + Redis.
+
+Both sides run the same shape of job: ``--items`` no-op units of work, two worker
+processes, and a wall clock from "work exists" to "every result is known".
+
+* dbworker: a ``Coordinator`` (default process pool, real child processes) with one
+  worker at ``concurrency=2`` whose handler returns ``Finished()``. The clock starts
+  before the rows are inserted (one transaction) and stops when every execution record
+  is FINISHED (polled every ``--poll-ms``), or after ``--max-seconds``: the rate is
+  then the records finished so far over that time (``truncated`` in the output).
+* Celery: ``celery worker --pool prefork --concurrency 2`` started as a subprocess on a
+  private queue, Redis as broker and result backend. The clock starts before the
+  tasks are sent and stops when every result has been received.
+
+Each side first runs a warm-up batch (processes started, connections open). Each
+database gets its own scratch database; Celery its own queue name. Everything is run
+in one invocation so the machine's load is as similar as possible for all of them.
+
+Run: ``python -m benchmarks.throughput --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy import Integer, func, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from dbworker import Coordinator, Finished
+from dbworker.dialects import for_url
+
+from ._common import DIALECTS, RESULTS_DIR, machine_info, scratch_database, server_version
+
+WORKER = "bench_throughput"
+REDIS_URL = os.environ.get("DBWORKER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ThroughputItem(Base):
+    __tablename__ = "bench_throughput_items"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+
+
+def noop(source: ThroughputItem, session: Session) -> Finished:
+    return Finished()
+
+
+def log(message: str) -> None:
+    print(f"[{dt.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+# -- dbworker ------------------------------------------------------------------------------
+
+
+def _insert(engine: sa.Engine, first: int, count: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.insert(ThroughputItem), [{"id": i} for i in range(first, first + count)])
+
+
+def _wait_finished(
+    engine: sa.Engine, table: sa.Table, total: int, poll: float, deadline: float
+) -> tuple[float, int]:
+    """Wait until ``total`` records are FINISHED, or ``deadline`` (monotonic) passes:
+    (when, how many were finished then)."""
+    query = select(func.count()).where(table.c.status == "finished")
+    while True:
+        with engine.connect() as conn:
+            done = int(conn.execute(query).scalar() or 0)
+        now = time.perf_counter()
+        if done >= total or time.monotonic() > deadline:
+            return now, done
+        time.sleep(poll)
+
+
+def run_dbworker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    with scratch_database(backend, "throughput") as url:
+        dialect = for_url(url)
+        engine = sa.create_engine(url, **dialect.coordinator_engine_options())
+        dialect.configure_engine(engine)
+        try:
+            version = server_version(engine)
+            coordinator = Coordinator(
+                sessionmaker(engine),
+                database_url=url,
+                # Short waits after an empty poll, as a latency-minded deployment would
+                # set them: the batch is found as soon as it is committed.
+                poll_seconds=0.01,
+                max_poll_seconds=0.05,
+            )
+            coordinator.transactional_worker(
+                name=WORKER, source=ThroughputItem, concurrency=args.concurrency
+            )(noop)
+            table = coordinator.workers[WORKER].table.table
+            Base.metadata.create_all(engine, tables=[cast(sa.Table, ThroughputItem.__table__)])
+            coordinator.create_worker_tables()
+            poll = args.poll_ms / 1000
+            coordinator.start()
+            try:
+                _insert(engine, 1, args.warmup)
+                _, warm = _wait_finished(
+                    engine, table, args.warmup, poll, time.monotonic() + args.timeout
+                )
+                if warm < args.warmup:
+                    raise TimeoutError(f"only {warm} of {args.warmup} warm-up items finished")
+                start = time.perf_counter()
+                _insert(engine, args.warmup + 1, args.items)
+                end, done = _wait_finished(
+                    engine,
+                    table,
+                    args.warmup + args.items,
+                    poll,
+                    time.monotonic() + args.max_seconds,
+                )
+            finally:
+                coordinator.stop(timeout=30)
+        finally:
+            engine.dispose()
+    seconds = end - start
+    completed = done - args.warmup
+    return {
+        "system": f"dbworker/{backend}",
+        "server": version,
+        "items": args.items,
+        "items_completed": completed,
+        "truncated": completed < args.items,
+        "concurrency": args.concurrency,
+        "seconds": round(seconds, 3),
+        "items_per_second": round(completed / seconds, 1),
+    }
+
+
+# -- Celery --------------------------------------------------------------------------------
+
+
+def run_celery(args: argparse.Namespace) -> dict[str, Any]:
+    from celery import group  # type: ignore[import-untyped]
+
+    from . import celery_app
+
+    queue = f"dbw_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "DBWORKER_BENCH_REDIS_URL": REDIS_URL,
+        "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path if p),
+    }
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "benchmarks.celery_app",
+            "worker",
+            "--pool",
+            "prefork",
+            "--concurrency",
+            str(args.concurrency),
+            "--queues",
+            queue,
+            "--hostname",
+            f"{queue}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--loglevel",
+            "WARNING",
+        ],
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        task = celery_app.noop
+        warm = group(task.s() for _ in range(args.warmup)).apply_async(queue=queue)
+        warm.get(timeout=args.timeout)
+        start = time.perf_counter()
+        batch = group(task.s() for _ in range(args.items)).apply_async(queue=queue)
+        results = batch.get(timeout=args.timeout)
+        end = time.perf_counter()
+        if len(results) != args.items:
+            raise RuntimeError(f"got {len(results)} Celery results, expected {args.items}")
+        batch.forget()
+        warm.forget()
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        celery_app.app.connection_for_write().default_channel.queue_delete(queue)
+    import celery
+    import redis
+
+    seconds = end - start
+    return {
+        "system": "celery+redis",
+        "server": f"celery {celery.__version__}, redis-py {redis.__version__}",
+        "items": args.items,
+        "concurrency": args.concurrency,
+        "seconds": round(seconds, 3),
+        "items_per_second": round(args.items / seconds, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.throughput",
+        description="No-op throughput of dbworker on each database against Celery + Redis.",
+    )
+    parser.add_argument("--dialects", default=",".join(DIALECTS))
+    parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--poll-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=40.0,
+        help="measure dbworker on one database for at most this long: the rate is then "
+        "items finished so far / time (keeps a whole run within a few minutes)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="give up on a warm-up or Celery after this"
+    )
+    parser.add_argument("--no-celery", dest="celery", action="store_false")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "throughput.json")
+    args = parser.parse_args(argv)
+    dialects = [d.strip() for d in args.dialects.split(",") if d.strip()]
+    for name in dialects:
+        if name not in DIALECTS:
+            parser.error(f"unknown dialect {name!r}; choose from {', '.join(DIALECTS)}")
+
+    report: dict[str, Any] = {
+        "benchmark": "throughput",
+        "command": " ".join(
+            ["python -m benchmarks.throughput", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "config": {
+            "items": args.items,
+            "max_seconds_per_database": args.max_seconds,
+            "warmup": args.warmup,
+            "concurrency": args.concurrency,
+            "poll_ms": args.poll_ms,
+            "redis": REDIS_URL,
+        },
+        "results": {},
+    }
+    started = time.perf_counter()
+    if args.celery:
+        result = run_celery(args)
+        report["results"]["celery"] = result
+        log(f"celery+redis: {result['items_per_second']} items/s ({result['seconds']} s)")
+    for backend in dialects:
+        result = run_dbworker(backend, args)
+        report["results"][backend] = result
+        log(f"dbworker/{backend}: {result['items_per_second']} items/s ({result['seconds']} s)")
+    if args.celery:
+        celery_rate = report["results"]["celery"]["items_per_second"]
+        report["ratios"] = {
+            "of": "dbworker items/s / celery items/s",
+            **{
+                backend: round(report["results"][backend]["items_per_second"] / celery_rate, 3)
+                for backend in dialects
+            },
+        }
+    report["total_seconds"] = round(time.perf_counter() - started, 1)
+    report["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    log(f"wrote {args.output} ({report['total_seconds']} s)")
+    for key, ratio in report.get("ratios", {}).items():
+        if key != "of":
+            log(f"dbworker/{key} / celery: {ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
