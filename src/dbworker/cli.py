@@ -12,7 +12,6 @@ import json
 import logging
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,33 +64,29 @@ def cmd_run(coordinator: Coordinator, args: argparse.Namespace) -> int:
     if args.create_tables:
         coordinator.create_worker_tables()
     signals = {"count": 0}
-    stopper: list[threading.Thread] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         signals["count"] += 1
+        # Ask first, log after: once the line is printed, nothing new is claimed.
         if signals["count"] == 1:
+            coordinator.stop(wait=False)
             logging.getLogger("dbworker").warning(
                 "%s: stopping after running handlers finish (again to stop at once)",
                 signal.Signals(signum).name,
             )
-            # stop() waits; run it aside so a second signal can still be handled here.
-            thread = threading.Thread(target=coordinator.stop, name="dbworker-stop")
-            stopper.append(thread)
-            thread.start()
         else:
+            coordinator.stop(timeout=0, wait=False)
             logging.getLogger("dbworker").warning(
                 "%s again: killing running handlers and releasing their items",
                 signal.Signals(signum).name,
             )
-            coordinator.stop(timeout=0)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     coordinator.start()
-    while coordinator.running:
-        coordinator.wait(timeout=0.5)
-    for thread in stopper:
-        thread.join()
+    while not coordinator.wait(timeout=0.5):
+        pass
+    coordinator.stop()
     health = coordinator.health()
     if health.crashed is not None:
         print(f"dbworker: scheduler stopped by an error: {health.crashed}", file=sys.stderr)

@@ -307,11 +307,13 @@ class Coordinator:
             runtime.dispose()
             engine.dispose()
 
-    def stop(self, timeout: float | None = None) -> None:
+    def stop(self, timeout: float | None = None, *, wait: bool = True) -> None:
         """Stop claiming and wait for running handlers to finish.
 
         With ``timeout``, handlers still running after that many seconds are killed
-        and their items released so any coordinator can claim them at once.
+        and their items released so any coordinator can claim them at once. With
+        ``wait=False`` it only asks (no new claims from now on) and returns; call
+        ``wait()`` or ``stop()`` later.
         """
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
@@ -321,6 +323,8 @@ class Coordinator:
         if scheduler is None:
             return
         scheduler.request_stop(timeout)
+        if not wait:
+            return
         if threading.current_thread() is not scheduler.thread:
             scheduler.thread.join()
         if self._engine is not None:

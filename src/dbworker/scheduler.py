@@ -148,10 +148,15 @@ class Scheduler:
                 self._enforce_timeouts(now)
                 if now >= self._next_renewal:
                     self._renew()
-                if not self._stopping.is_set():
-                    for lane in self.lanes.values():
-                        if lane.executor.free_slots() and now >= lane.next_poll:
-                            self._poll(lane, now)
+                for lane in self.lanes.values():
+                    # Checked per lane: a stop requested during one lane's poll must
+                    # keep the next lane from claiming.
+                    if (
+                        not self._stopping.is_set()
+                        and lane.executor.free_slots()
+                        and now >= lane.next_poll
+                    ):
+                        self._poll(lane, now)
                 self._sleep()
         except BaseException as exc:  # pragma: no cover - a bug; say so loudly, then clean up
             log.exception("dbworker scheduler stopped by an unexpected error")
