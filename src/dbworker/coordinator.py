@@ -262,7 +262,17 @@ class Coordinator:
         # Handler processes fork from multiprocessing's fork server: modules it has
         # imported are ready in every child at no cost (it only takes effect before
         # the fork server starts, i.e. for the first coordinator of a process).
-        modules = {"sqlalchemy.orm", "dbworker.executors.runtime"}
+        sql_dialect = self._url.get_dialect()
+        modules = {
+            "sqlalchemy.orm",
+            "dbworker.executors.runtime",
+            # The execution table's index carries PostgreSQL and SQLite options, whose
+            # dialect packages load with it; the driver is the slowest import of all.
+            "sqlalchemy.dialects.postgresql",
+            "sqlalchemy.dialects.sqlite",
+            sql_dialect.__module__,
+            sql_dialect.import_dbapi().__name__,
+        }
         for worker in self._workers.values():
             modules |= {worker.handler.__module__, worker.source.__module__}
         modules.discard("__main__")

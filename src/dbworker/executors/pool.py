@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import multiprocessing
 import os
 import pickle
@@ -35,6 +36,14 @@ PARENT_CHECK_SECONDS = 1.0
 ORPHAN_EXIT_STATUS = 70
 #: How long shutdown waits for an idle child to exit before killing it.
 EXIT_GRACE_SECONDS = 5.0
+#: What a child sends once it can start a handler at once (imports done, connected).
+READY = "ready"
+#: A child that dies before it is ready is replaced after this long, doubling while
+#: its replacements die too: a broken interpreter or environment must not spin.
+STARTUP_RETRY_SECONDS = 0.5
+STARTUP_RETRY_MAX_SECONDS = 30.0
+
+log = logging.getLogger("dbworker")
 
 
 def default_start_method() -> str:
@@ -85,6 +94,7 @@ def child_main(conn: Connection, config: ChildConfig) -> None:
     runtime = Runtime(config)
     try:
         runtime.warm_up()
+        conn.send(READY)
         while True:
             try:
                 message = conn.recv()
@@ -146,6 +156,16 @@ class _Child:
     task: Task | None = None
     started: float = 0.0
     completed: int = 0
+    #: Whether it said READY. Only a ready child gets work: a claim made for a child
+    #: still starting (seconds, for a new interpreter) would spend its lease, and its
+    #: timeout, waiting for the handler to start.
+    ready: bool = False
+    #: Set when it died before it was ready: when to start its replacement.
+    respawn_at: float | None = None
+
+    @property
+    def idle(self) -> bool:
+        return self.task is None and self.ready and self.respawn_at is None
 
 
 class ProcessPool(Executor):
@@ -168,6 +188,8 @@ class ProcessPool(Executor):
         #: Recycled children on their way out, with the time to stop waiting for them.
         self._retiring: list[tuple[ProcessHandle, float]] = []
         self._payloads: dict[str, bytes] = {}
+        #: Children in a row that died before they were ready.
+        self._startup_failures = 0
 
     def start(self) -> None:
         while len(self._children) < self.slots:
@@ -189,10 +211,10 @@ class ProcessPool(Executor):
         return process, parent_end
 
     def free_slots(self) -> int:
-        return sum(1 for child in self._children if child.task is None)
+        return sum(1 for child in self._children if child.idle)
 
     def submit(self, task: Task) -> None:
-        child = next(c for c in self._children if c.task is None)
+        child = next(c for c in self._children if c.idle)
         payload = self._payloads.get(task.worker)
         if payload is None:
             payload = self._payloads[task.worker] = task_payload(task)
@@ -204,8 +226,10 @@ class ProcessPool(Executor):
     def wait_handles(self) -> Sequence[Any]:
         handles: list[Any] = []
         for child in self._children:
+            if child.respawn_at is not None:
+                continue  # dead: its sentinel would wake the loop for ever
             handles.append(child.process.sentinel)
-            if child.task is not None:
+            if child.task is not None or not child.ready:
                 handles.append(child.conn)
         return handles
 
@@ -213,6 +237,13 @@ class ProcessPool(Executor):
         self._reap()
         results: list[Result] = []
         for index, child in enumerate(self._children):
+            if child.respawn_at is not None:
+                if time.monotonic() >= child.respawn_at:
+                    self._replace(index)
+                continue
+            if not child.ready:
+                self._check_ready(child)
+                continue
             if child.task is None:
                 if not child.process.is_alive():
                     self._replace(index)
@@ -240,6 +271,27 @@ class ProcessPool(Executor):
                 )
                 self._replace(index)
         return results
+
+    def _check_ready(self, child: _Child) -> None:
+        with contextlib.suppress(EOFError, OSError):
+            if child.conn.poll() and child.conn.recv() == READY:
+                child.ready = True
+                self._startup_failures = 0
+                return
+        if child.process.is_alive():
+            return
+        child.process.join()
+        self._startup_failures += 1
+        delay = min(
+            STARTUP_RETRY_SECONDS * 2 ** (self._startup_failures - 1), STARTUP_RETRY_MAX_SECONDS
+        )
+        child.respawn_at = time.monotonic() + delay
+        log.error(
+            "dbworker: a handler process exited before it was ready (%s); starting another "
+            "in %.1fs",
+            describe_exit(child.process.exitcode),
+            delay,
+        )
 
     @staticmethod
     def _receive(child: _Child) -> Result | None:

@@ -9,6 +9,7 @@ to the handler.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -90,5 +91,8 @@ class SubprocessPool(ProcessPool):
         )
         child_sock.close()
         conn = Connection(parent_sock.detach())
-        conn.send(self.config)
+        # A child that already exited (a broken interpreter or environment) cannot
+        # take its config; the pool sees it die before it is ready and says so.
+        with contextlib.suppress(OSError):
+            conn.send(self.config)
         return PopenHandle(popen), conn

@@ -1,0 +1,183 @@
+"""Models and handlers of the executor suite, at module scope so children import them.
+
+An item's ``plan`` says what each run of its handler does: runs are separated by
+``;`` (the last one repeats for any further run), and a run's actions by ``+``.
+Actions in the order they happen:
+
+- ``gate``: wait until the test opens this run's gate (a file);
+- ``hang``: sleep far longer than any test (only a kill ends it);
+- ``exit3``: ``os._exit(3)``; ``sigkill``: SIGKILL its own process;
+- then an ``Effect`` row is written and flushed (so a rollback has something to undo);
+- ``raise``: raise; ``wrong``: return a wrong type; ``unfinished``: return
+  ``Unfinished()``; otherwise return ``Finished()``.
+
+The handler talks to the test through files in a per-test directory stored on the
+row: every run announces itself with its pid (so runs are counted even when the
+process dies before committing anything), and a gate is a file the test creates.
+Files, not rows, so that announcing and waiting take no database locks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from dbworker import Finished, Outcome, Unfinished
+
+WORKER = "job"
+DEPENDENT = "after_job"
+
+#: The pid of the test process, set by the suite's conftest: ``unimportable`` imports
+#: only in the process whose pid this is.
+IMPORTER_PID_ENV = "DBWORKER_TEST_IMPORTER_PID"
+#: A variable a test passes to subprocess children; the handler records what it sees.
+MARK_ENV = "DBWORKER_TEST_MARK"
+
+#: Longer than any test: a hanging run ends only by being killed.
+HANG_SECONDS = 600.0
+#: A gated run gives up after this long, so a failing test cannot leave it blocked.
+GATE_TIMEOUT_SECONDS = 300.0
+#: Created by the test at teardown: opens every gate at once.
+ALL_GATES = "open-all-gates"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Item(Base):
+    __tablename__ = "exec_items"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    plan: Mapped[str] = mapped_column(String(200))
+    workdir: Mapped[str] = mapped_column(String(1000))
+
+
+class Effect(Base):
+    """One row per committed run; no unique constraint, so duplicates would show."""
+
+    __tablename__ = "exec_effects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    worker: Mapped[str] = mapped_column(String(32))
+    item_id: Mapped[int] = mapped_column(Integer)
+    run: Mapped[int] = mapped_column(Integer)
+    pid: Mapped[int] = mapped_column(Integer)
+    #: What the handler's process looked like: JSON of ``process_facts()``.
+    info: Mapped[str] = mapped_column(Text)
+
+
+# -- files shared with the test ------------------------------------------------------
+
+
+def run_path(workdir: str | Path, worker: str, item_id: int, run: int) -> Path:
+    return Path(workdir) / f"run-{worker}-{item_id}-{run}"
+
+
+def gate_path(workdir: str | Path, item_id: int, run: int) -> Path:
+    return Path(workdir) / f"go-{item_id}-{run}"
+
+
+def touch(path: Path, text: str = "") -> None:
+    # Write then rename, so a reader never sees a half-written file.
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def announce_run(workdir: str, worker: str, item_id: int) -> int:
+    """Record a new run with this process's pid; return its number (1, 2, ...).
+
+    O_EXCL numbers runs atomically even if two processes ran the item at once.
+    """
+    run = 1
+    while True:
+        path = run_path(workdir, worker, item_id, run)
+        try:
+            fd = os.open(path.with_name(path.name + ".lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            run += 1
+            continue
+        os.close(fd)
+        touch(path, str(os.getpid()))
+        return run
+
+
+def wait_for_gate(workdir: str, item_id: int, run: int) -> None:
+    gate, everything = gate_path(workdir, item_id, run), Path(workdir) / ALL_GATES
+    deadline = time.monotonic() + GATE_TIMEOUT_SECONDS
+    while not (gate.exists() or everything.exists()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the test never opened {gate}")
+        time.sleep(0.02)
+
+
+def process_facts() -> dict[str, object]:
+    return {
+        "pid": os.getpid(),
+        "mark": os.environ.get(MARK_ENV),
+        "cwd": os.getcwd(),
+        "prefix": sys.prefix,
+        "executable": sys.executable,
+    }
+
+
+def plan_for_run(plan: str, run: int) -> list[str]:
+    runs = plan.split(";")
+    return runs[min(run, len(runs)) - 1].split("+")
+
+
+# -- handlers ------------------------------------------------------------------------
+
+
+def handle(source: Item, session: Session) -> Outcome:
+    return _run(WORKER, source, session)
+
+
+def handle_dependent(source: Item, session: Session) -> Outcome:
+    # The item's plan is for the first worker; the dependent one just finishes.
+    return _run(DEPENDENT, source, session, plan="finish")
+
+
+def _run(worker: str, source: Item, session: Session, plan: str | None = None) -> Outcome:
+    item_id, workdir = source.id, source.workdir
+    plan = source.plan if plan is None else plan
+    # End the read transaction before any waiting: on SQLite it holds the
+    # database-wide write lock, which would stall the coordinator meanwhile.
+    session.rollback()
+    run = announce_run(workdir, worker, item_id)
+    actions = plan_for_run(plan, run)
+    for action in actions:
+        if action == "gate":
+            wait_for_gate(workdir, item_id, run)
+        elif action == "hang":
+            time.sleep(HANG_SECONDS)
+        elif action == "exit3":
+            os._exit(3)
+        elif action == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+    session.add(
+        Effect(
+            worker=worker,
+            item_id=item_id,
+            run=run,
+            pid=os.getpid(),
+            info=json.dumps(process_facts()),
+        )
+    )
+    # Flushed, so the INSERT really is in the transaction that must roll back.
+    session.flush()
+    if "raise" in actions:
+        raise RuntimeError(f"item {item_id} raised on purpose")
+    if "wrong" in actions:
+        return 42  # type: ignore[return-value]  # the contract violation under test
+    if "unfinished" in actions:
+        return Unfinished()
+    return Finished()
