@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 
 from .core.errors import DBWorkerError
 from .dialects import Dialect, ErrorInfo, Owner
-from .executors import ResultKind, Task
+from .executors import ResultKind
 from .executors.runtime import Runtime
 from .worker import Worker
 
@@ -84,17 +84,7 @@ def drain(
                         f"drain() stopped after {max_invocations} invocations; does a handler "
                         "keep returning Unfinished() without a delay?"
                     )
-                task = Task(
-                    worker.name,
-                    claim.source_id,
-                    claim.token,
-                    claim.attempts,
-                    claim.failures,
-                    worker.handler,
-                    worker.source,
-                    worker.retry,
-                )
-                result = runtime.run(task)
+                result = runtime.run(worker.task(claim))
                 outcome = result.kind
                 if outcome is ResultKind.UNRECORDED:
                     error = ErrorInfo(result.error or "", result.error_type, result.traceback)

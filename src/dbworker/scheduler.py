@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine
 from .core.errors import HandlerTimeout
 from .core.timing import PollBackoff, Timings
 from .dialects import Dialect, ErrorInfo, Owner
-from .executors import Executor, Result, ResultKind, Task
+from .executors import Executor, Result, ResultKind
 from .worker import Worker
 
 log = logging.getLogger("dbworker")
@@ -487,18 +487,7 @@ class Scheduler:
             lane.held[claim.source_id] = Held(
                 claim.token, claim.attempts, claim.failures, time.monotonic(), claim.crashes
             )
-            lane.executor.submit(
-                Task(
-                    worker.name,
-                    claim.source_id,
-                    claim.token,
-                    claim.attempts,
-                    claim.failures,
-                    worker.handler,
-                    worker.source,
-                    worker.retry,
-                )
-            )
+            lane.executor.submit(worker.task(claim))
 
     def _discover(self, lane: Lane, now: float) -> None:
         worker = lane.worker

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Mapper, Session
 from .core.errors import ConfigurationError
 from .core.status import ExecutionStatus
 from .core.timing import RetryPolicy
-from .dialects import Dialect, WorkerTable
-from .executors import ExecutorChoice, Pool, Subprocess
+from .dialects import Claim, Dialect, WorkerTable
+from .executors import ExecutorChoice, Pool, Subprocess, Task
 from .schema import execution_table
 
 if TYPE_CHECKING:
@@ -133,6 +133,19 @@ class Worker:
                 f"entities (select({self.source.__name__})...), but it selects {selected}"
             )
         return query
+
+    def task(self, claim: Claim) -> Task:
+        """What an executor needs to run one invocation under ``claim``."""
+        return Task(
+            self.name,
+            claim.source_id,
+            claim.token,
+            claim.attempts,
+            claim.failures,
+            self.handler,
+            self.source,
+            self.retry,
+        )
 
     # -- status, for the application -------------------------------------------------
 
