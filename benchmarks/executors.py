@@ -13,8 +13,16 @@ inserted at once and the coordinator drains it. Measured:
 * ``claim_to_finish``: per-item ``finished_at - claimed_at`` (p50/p95), the part of
   the overhead between the claim and the commit of the outcome.
 
-Issue 4 acceptance: spawn-per-task overhead <= 25 ms per item (``--target-ms``);
-``spawn_extra_ms_per_item`` is spawn's overhead minus the pool's on the same database.
+Issue 4 acceptance: spawn-per-task overhead <= 25 ms per item (``--target-ms``),
+checked on ``overhead_ms_per_item`` itself, the strictest reading: it includes the
+claim and completion work every executor pays. Reported beside it:
+``spawn_extra_ms_per_item`` (spawn's overhead minus the pool's on the same database,
+i.e. what a fresh process per invocation adds) and spawn's claim-to-finish latency.
+
+The machine has two cores and the database server runs on them too, so at
+concurrency 2 the figures are bounded by CPU: every process's work (coordinator,
+handler processes, database server) adds to them. Runs are repeated (``--repeat``)
+and the least disturbed one kept, because other load only ever adds time.
 
 Run: ``python -m benchmarks.executors --help`` (from the repository root).
 """
@@ -90,10 +98,15 @@ def insert_items(engine: sa.Engine, first: int, count: int) -> float:
     return started
 
 
-def wait_finished(engine: sa.Engine, table: sa.Table, total: int) -> None:
+def wait_finished(
+    engine: sa.Engine, table: sa.Table, total: int, coordinator: Coordinator
+) -> None:
     deadline = time.monotonic() + BATCH_DEADLINE_SECONDS
     query = select(func.count()).where(table.c.status == "finished")
     while True:
+        health = coordinator.health()
+        if health.crashed:
+            raise RuntimeError(f"the coordinator's scheduler stopped: {health.crashed}")
         with engine.connect() as conn:
             done = int(conn.execute(query).scalar() or 0)
         if done >= total:
@@ -133,10 +146,10 @@ def measure(url: str, executor: str, args: argparse.Namespace) -> dict[str, Any]
         coordinator.start()
         try:
             insert_items(engine, 1, args.warmup)
-            wait_finished(engine, table, args.warmup)
+            wait_finished(engine, table, args.warmup, coordinator)
             first = args.warmup + 1
             started = insert_items(engine, first, args.items)
-            wait_finished(engine, table, args.warmup + args.items)
+            wait_finished(engine, table, args.warmup + args.items, coordinator)
         finally:
             coordinator.stop()
         with engine.connect() as conn:
@@ -230,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = {
         backend: {
             "spawn_overhead_ms_per_item": summary["best"]["spawn"]["overhead_ms_per_item"],
+            "spawn_extra_ms_per_item": summary.get("spawn_extra_ms_per_item"),
+            "spawn_claim_to_finish_p50_ms": summary["best"]["spawn"]["claim_to_finish_ms"]["p50"],
             "meets_target": summary["best"]["spawn"]["overhead_ms_per_item"] <= args.target_ms,
         }
         for backend, summary in results.items()
@@ -258,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.output}")
     for backend, verdict in verdicts.items():
         print(
-            f"{backend}: spawn {verdict['spawn_overhead_ms_per_item']} ms/item, target "
-            f"{args.target_ms} ms: {'met' if verdict['meets_target'] else 'MISSED'}"
+            f"{backend}: spawn {verdict['spawn_overhead_ms_per_item']} ms/item "
+            f"({verdict['spawn_extra_ms_per_item']} ms more than the pool, claim->finish "
+            f"p50 {verdict['spawn_claim_to_finish_p50_ms']} ms), target {args.target_ms} ms: "
+            f"{'met' if verdict['meets_target'] else 'MISSED'}"
         )
     return 0
 

@@ -65,6 +65,7 @@ class Lane:
     watermarks: collections.deque[tuple[float, Any]] = field(default_factory=collections.deque)
     next_sweep: float = 0.0
     next_full_sweep: float = 0.0
+    next_discovery: float = 0.0
 
 
 @dataclass(slots=True)
@@ -423,7 +424,12 @@ class Scheduler:
     def _poll(self, lane: Lane, now: float) -> None:
         worker = lane.worker
         try:
-            self._discover(lane, now)
+            if now >= lane.next_discovery:
+                # While claims come back full, known records feed them: look for new
+                # rows once per poll interval (the latency of an idle worker's poll),
+                # not before every claim.
+                self._discover(lane, now)
+                lane.next_discovery = now + self.timings.poll_seconds
             free = lane.executor.free_slots()
             claims = self._transaction(
                 f"claiming for worker={worker.name}",
@@ -439,6 +445,8 @@ class Scheduler:
         except _Deferred:
             lane.next_poll = max(self._db_blocked_until, now + lane.backoff.next_wait())
             return
+        if len(claims) < free:
+            lane.next_discovery = now  # known work ran short: look for new rows first
         if not claims:
             lane.next_poll = now + lane.backoff.next_wait()
             return

@@ -29,6 +29,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--poll", type=float, default=0.05)
     parser.add_argument("--max-poll", type=float, default=0.2)
+    parser.add_argument("--executor", default="pool")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(process)d %(levelname)s %(message)s"
@@ -41,6 +42,7 @@ def main(argv: list[str]) -> int:
         lease_seconds=args.lease,
         poll_seconds=args.poll,
         max_poll_seconds=args.max_poll,
+        executor=args.executor,
     )
     app.register(coordinator, args.concurrency)
     stop = threading.Event()

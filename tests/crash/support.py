@@ -209,7 +209,12 @@ def open_gate(workdir: Path, item_id: int, run: int) -> None:
 
 @contextlib.contextmanager
 def coordinator_process(
-    url: str, log_path: Path, *, lease_seconds: float, concurrency: int
+    url: str,
+    log_path: Path,
+    *,
+    lease_seconds: float,
+    concurrency: int,
+    executor: str = "pool",
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``run_coordinator`` in a new session; on exit kill whatever is left of it.
 
@@ -227,6 +232,8 @@ def coordinator_process(
         str(lease_seconds),
         "--concurrency",
         str(concurrency),
+        "--executor",
+        executor,
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -35,8 +35,15 @@ SHORT_LEASE = 2.0
 
 
 @pytest.mark.slow
+# spawn: handler processes are forked by a template process, not by the fork server,
+# and must notice the coordinator's death as pool children do.
+@pytest.mark.parametrize("executor", ["pool", "spawn"])
 def test_sigkilled_coordinator_loses_nothing_and_doubles_nothing(
-    database_url: str, engine: Engine, workdir: Path, coordinators: CoordinatorFactory
+    database_url: str,
+    engine: Engine,
+    workdir: Path,
+    coordinators: CoordinatorFactory,
+    executor: str,
 ) -> None:
     # The survivor (not started yet) also creates the tables the first one needs.
     survivor = coordinators(lease_seconds=30, concurrency=3)
@@ -50,7 +57,11 @@ def test_sigkilled_coordinator_loses_nothing_and_doubles_nothing(
     item_ids = add_items(engine, workdir, modes, sleep_seconds=HANDLER_SECONDS)
 
     with coordinator_process(
-        database_url, workdir / "first.log", lease_seconds=SHORT_LEASE, concurrency=3
+        database_url,
+        workdir / "first.log",
+        lease_seconds=SHORT_LEASE,
+        concurrency=3,
+        executor=executor,
     ) as first:
         wait_until(
             lambda: effect_count(engine) >= 6 and all(runs(workdir, i) for i in blocked),

@@ -17,6 +17,7 @@ from sqlalchemy import ColumnElement, Connection, Select, Table, exists, func, o
 
 from dbworker.core.status import ExecutionStatus, Phase
 from dbworker.dialects import Claim, Dialect, ErrorInfo, Owner, WorkerTable
+from dbworker.dialects.base import claim_columns
 from dbworker.dialects.mysql import MySQLDialect
 from dbworker.dialects.postgresql import PostgreSQLDialect
 from dbworker.dialects.sqlite import SQLiteDialect
@@ -313,13 +314,7 @@ class OverLockingMySQL(MySQLDialect):
         if not found:
             return []
         query = (
-            select(
-                table.c.source_id,
-                table.c.token,
-                table.c.attempts,
-                table.c.failures,
-                table.c.crashes,
-            )
+            select(*claim_columns(table))
             .where(table.c.source_id.in_(found), self.claimable(table, self.now()))
             .with_for_update(skip_locked=True)
         )

@@ -122,6 +122,7 @@ def wait_for_gate(workdir: str, item_id: int, run: int) -> None:
 def process_facts() -> dict[str, object]:
     return {
         "pid": os.getpid(),
+        "ppid": os.getppid(),
         "mark": os.environ.get(MARK_ENV),
         "cwd": os.getcwd(),
         "prefix": sys.prefix,

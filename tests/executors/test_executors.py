@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from sqlalchemy import update
 
 from dbworker import ConfigurationError, ExecutionStatus, RetryPolicy
 from dbworker.dialects import Owner
+from dbworker.executors import spawn as spawn_executor
 
 from . import app, unimportable
 from .support import (
@@ -315,6 +317,62 @@ def test_spawn_runs_every_invocation_in_a_fresh_process(rig: Rig) -> None:
     pids = [pid for item_id in ids for pid in rig.runs(item_id)]
     assert len(pids) == 7
     assert len(set(pids)) == len(pids)
+    assert os.getpid() not in pids
+
+
+def test_spawn_forks_every_invocation_from_one_template_and_leaves_nothing_behind(
+    rig: Rig,
+) -> None:
+    coordinator = rig.coordinator(make_choice("spawn"), concurrency=2)
+    ids = rig.add("finish", "unfinished;finish", "finish", "finish")
+    coordinator.start()
+    rig.wait_status(coordinator, ids, FINISHED)
+    found = rig.effects()
+    handlers = {e.pid for e in found}
+    assert len(handlers) == len(found) == 5
+    # One prepared process forked them all: not the coordinator, not a handler.
+    [template] = {e.info["ppid"] for e in found}
+    assert template != os.getpid() and template not in handlers
+
+    coordinator.stop()
+    wait_until(lambda: not pid_alive(template), "the template process to exit")
+    assert not [pid for pid in handlers if pid_alive(pid)]
+
+
+def test_spawn_carries_on_when_its_template_process_dies(rig: Rig) -> None:
+    coordinator = rig.coordinator(make_choice("spawn"))
+    first = rig.add("finish")
+    coordinator.start()
+    rig.wait_status(coordinator, first, FINISHED)
+    [effect] = rig.effects()
+    template = effect.info["ppid"]
+
+    os.kill(template, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(template), "the template process to die")
+    rest = rig.add("finish", "sigkill;finish", "finish", "finish")
+    rig.wait_status(coordinator, rest, FINISHED)
+
+    # Handler processes outlive the template that forked them (a running handler is
+    # not disturbed), and a new template forks the ones started after its death.
+    later = [e for e in rig.effects() if e.item_id in rest]
+    assert {e.info["ppid"] for e in later} - {template, 1}
+    assert Counter(e.item_id for e in later) == dict.fromkeys(rest, 1)
+    crashed = rig.state(coordinator, rest[1])
+    assert crashed is not None and crashed["crashes"] == 1
+
+
+def test_spawn_without_pidfds_still_runs_every_invocation_in_a_fresh_process(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where the kernel has no pidfds, the coordinator cannot watch processes that are
+    # not its children, and multiprocessing starts each process instead.
+    monkeypatch.setattr(spawn_executor, "pidfds_supported", lambda: False)
+    coordinator = rig.coordinator(make_choice("spawn"), concurrency=2)
+    ids = rig.add("sigkill;finish", "finish", "unfinished;finish", "finish")
+    coordinator.start()
+    rig.wait_status(coordinator, ids, FINISHED)
+    pids = [pid for item_id in ids for pid in rig.runs(item_id)]
+    assert len(pids) == 6 == len(set(pids))
     assert os.getpid() not in pids
 
 

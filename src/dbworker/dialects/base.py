@@ -25,6 +25,7 @@ from sqlalchemy import (
     Select,
     Table,
     and_,
+    bindparam,
     case,
     exists,
     func,
@@ -63,6 +64,8 @@ class Claim:
     attempts: int
     failures: int
     crashes: int
+    #: The record's status as locked (a claim of a WORKING record is a takeover).
+    status: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,7 +90,7 @@ class Owner:
 def claim_columns(table: Table) -> tuple[ColumnElement[Any], ...]:
     """What a claim reads of each record: the fields of ``Claim``, in order."""
     c = table.c
-    return (c.source_id, c.token, c.attempts, c.failures, c.crashes)
+    return (c.source_id, c.token, c.attempts, c.failures, c.crashes, c.status)
 
 
 def _lit(phase: Phase) -> ColumnElement[str]:
@@ -120,6 +123,11 @@ class Dialect:
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock
+        # SQL expressions are immutable, and building them is most of a claim's
+        # Python time: the clock and each table's claim condition are built once.
+        self._db_clock: ColumnElement[float] | None = None
+        self._claimable: dict[Table, ColumnElement[bool]] = {}
+        self._claim_updates: dict[tuple[Table, float, Owner], Any] = {}
 
     # -- configuration -------------------------------------------------------------
 
@@ -140,7 +148,9 @@ class Dialect:
         """The current time as SQL: the database's clock, or the injected test clock."""
         if self.clock is not None:
             return literal(self.clock(), Float())
-        return self.db_now()
+        if self._db_clock is None:
+            self._db_clock = self.db_now()
+        return self._db_clock
 
     def db_now(self) -> ColumnElement[float]:  # pragma: no cover - every dialect overrides
         raise NotImplementedError
@@ -207,6 +217,14 @@ class Dialect:
 
     def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         """SQL for ``core.transitions.Record.claimable``: CLAIM or TAKEOVER is legal now."""
+        if now is self._db_clock:
+            cached = self._claimable.get(table)
+            if cached is None:
+                cached = self._claimable[table] = self._claimable_at(table, now)
+            return cached
+        return self._claimable_at(table, now)
+
+    def _claimable_at(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         status = table.c.status
         return and_(
             _in(status, OPEN),
@@ -253,11 +271,31 @@ class Dialect:
         locked = self.lock_candidates(conn, worker, eligible, limit)
         if not locked:
             return []
-        table, now = worker.table, self.now()
-        ids = [c.source_id for c in locked]
+        statement = self._claim_update(worker.table, lease_seconds, owner)
+        conn.execute(statement, {"ids": [c.source_id for c in locked]})
+        # The caller decides on max_crashes from the claim, so report the count as
+        # the UPDATE above stored it: the locked status is the one its CASE read.
+        return [
+            dataclasses.replace(
+                c,
+                token=c.token + 1,
+                attempts=c.attempts + 1,
+                crashes=c.crashes + (c.status == Phase.WORKING.value),
+                status=Phase.WORKING.value,
+            )
+            for c in locked
+        ]
+
+    def _claim_update(self, table: Table, lease_seconds: float, owner: Owner) -> Any:
+        """The UPDATE that claims the locked records ``ids``: built once per table."""
+        key = (table, lease_seconds, owner)
+        cached = self._claim_updates.get(key) if self.clock is None else None
+        if cached is not None:
+            return cached
+        now = self.now()
         statement = (
             update(table)
-            .where(table.c.source_id.in_(ids))
+            .where(table.c.source_id.in_(bindparam("ids", expanding=True)))
             # MySQL evaluates SET left to right with already-updated values, so
             # ``crashes`` must read ``status`` before ``status`` is overwritten.
             .ordered_values(
@@ -278,20 +316,9 @@ class Dialect:
                 (table.c.owner_pid, owner.pid),
             )
         )
-        conn.execute(statement)
-        # A takeover counted a crash in the UPDATE above; the caller decides on
-        # max_crashes from the claim, so report the count as stored, not as locked.
-        crashes = dict(
-            conn.execute(
-                select(table.c.source_id, table.c.crashes).where(table.c.source_id.in_(ids))
-            ).all()
-        )
-        return [
-            dataclasses.replace(
-                c, token=c.token + 1, attempts=c.attempts + 1, crashes=crashes[c.source_id]
-            )
-            for c in locked
-        ]
+        if self.clock is None:
+            self._claim_updates[key] = statement
+        return statement
 
     # -- fenced transitions ----------------------------------------------------------
 

@@ -127,13 +127,7 @@ class MySQLDialect(Dialect):
                 chunk = found[position : position + limit - len(claims)]
                 position += len(chunk)
                 lock = (
-                    select(
-                        table.c.source_id,
-                        table.c.token,
-                        table.c.attempts,
-                        table.c.failures,
-                        table.c.crashes,
-                    )
+                    select(*claim_columns(table))
                     .where(table.c.source_id.in_(chunk), self.claimable(table, self.now()))
                     .with_for_update(skip_locked=True)
                 )

@@ -175,6 +175,7 @@ class ProcessPool(Executor):
         config: ChildConfig,
         start_method: str | None = None,
         max_tasks_per_child: int | None = None,
+        spares: int = 0,
     ) -> None:
         if config.dialect is None:
             # Resolved here, where it is cached, and handed to every child.
@@ -184,6 +185,9 @@ class ProcessPool(Executor):
         # Choices are validated where users make them (strategies.py).
         self._context: Any = multiprocessing.get_context(start_method or default_start_method())
         self.max_tasks_per_child = max_tasks_per_child
+        #: Processes kept started and ready beyond ``slots``: with few tasks per
+        #: process, a ready one is waiting when a task ends, instead of a start.
+        self.spares = spares
         self._children: list[_Child] = []
         #: Recycled children on their way out, with the time to stop waiting for them.
         self._retiring: list[tuple[ProcessHandle, float]] = []
@@ -192,7 +196,7 @@ class ProcessPool(Executor):
         self._startup_failures = 0
 
     def start(self) -> None:
-        while len(self._children) < self.slots:
+        while len(self._children) < self.slots + self.spares:
             self._children.append(self._spawn())
 
     def _spawn(self) -> _Child:
@@ -211,7 +215,9 @@ class ProcessPool(Executor):
         return process, parent_end
 
     def free_slots(self) -> int:
-        return sum(1 for child in self._children if child.idle)
+        idle = sum(1 for child in self._children if child.idle)
+        busy = sum(1 for child in self._children if child.task is not None)
+        return min(idle, self.slots - busy)
 
     def submit(self, task: Task) -> None:
         child = next(c for c in self._children if c.idle)
@@ -228,7 +234,8 @@ class ProcessPool(Executor):
         for child in self._children:
             if child.respawn_at is not None:
                 continue  # dead: its sentinel would wake the loop for ever
-            handles.append(child.process.sentinel)
+            if child.process.sentinel is not None:  # None: no pidfd (yet) to watch
+                handles.append(child.process.sentinel)
             if child.task is not None or not child.ready:
                 handles.append(child.conn)
         return handles
@@ -248,6 +255,9 @@ class ProcessPool(Executor):
                 if not child.process.is_alive():
                     self._replace(index)
                 continue
+            # Liveness first: a result sent just before the process exited is in the
+            # pipe by the time its death shows, and must not be taken for a crash.
+            alive = child.process.is_alive()
             result = self._receive(child)
             if result is not None:
                 results.append(result)
@@ -256,7 +266,7 @@ class ProcessPool(Executor):
                 if self.max_tasks_per_child and child.completed >= self.max_tasks_per_child:
                     self._retire(index)
                 continue
-            if not child.process.is_alive():
+            if not alive:
                 task = child.task
                 child.process.join()
                 results.append(
@@ -273,11 +283,13 @@ class ProcessPool(Executor):
         return results
 
     def _check_ready(self, child: _Child) -> None:
-        with contextlib.suppress(EOFError, OSError):
-            if child.conn.poll() and child.conn.recv() == READY:
+        try:
+            if child.conn.poll() and self._ready_message(child, child.conn.recv()):
                 child.ready = True
                 self._startup_failures = 0
                 return
+        except (EOFError, OSError):
+            self._closed_before_ready(child)
         if child.process.is_alive():
             return
         child.process.join()
@@ -292,6 +304,12 @@ class ProcessPool(Executor):
             describe_exit(child.process.exitcode),
             delay,
         )
+
+    def _ready_message(self, child: _Child, message: Any) -> bool:
+        return bool(message == READY)
+
+    def _closed_before_ready(self, child: _Child) -> None:
+        """The child's end of the pipe closed before it said ready (it died starting)."""
 
     @staticmethod
     def _receive(child: _Child) -> Result | None:

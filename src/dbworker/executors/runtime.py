@@ -26,6 +26,8 @@ from .base import ChildConfig, Result, ResultKind, Task
 #: Retries of a handler whose transaction failed on a transient database error
 #: (connection lost, deadlock, serialization failure), with or without a retry policy.
 DATABASE_RETRY = RetryPolicy(max_retries=10, base_delay=1.0, max_delay=60.0)
+#: Claims are numbered from 1, so no fenced statement under this token matches a row.
+NEVER_ISSUED_TOKEN = -1
 
 
 class HandlerSession(Session):
@@ -85,11 +87,15 @@ class Runtime:
         return self._dialect
 
     def worker_table(self, task: Task) -> WorkerTable:
-        key = (task.worker, task.source)
+        return self.prepare(task.worker, task.source)
+
+    def prepare(self, worker: str, source: type[Any]) -> WorkerTable:
+        """The worker's execution table, built once per process."""
+        key = (worker, source)
         if key not in self._tables:
-            pk = inspect(task.source).primary_key[0]
+            pk = inspect(source).primary_key[0]
             self._tables[key] = WorkerTable(
-                task.worker, detached_table(task.worker, pk.type), pk, monotonic_keys=False
+                worker, detached_table(worker, pk.type), pk, monotonic_keys=False
             )
         return self._tables[key]
 
@@ -104,8 +110,29 @@ class Runtime:
         """
         with contextlib.suppress(Exception):
             detached_table("warm_up", Integer())
-            with self.engine.connect():
-                pass  # returned to the engine's pool, open, for the first task
+        self.connect()
+
+    def connect(self) -> None:
+        """Open a connection and leave it in the engine's pool for the first task."""
+        with contextlib.suppress(Exception), self.engine.connect():
+            pass
+
+    def rehearse(self, worker: str, source: type[Any], source_id: Any) -> None:
+        """Run an invocation's statements under a token never issued, and roll back.
+
+        Nothing changes (the fenced updates match no row), but SQLAlchemy caches
+        their compiled forms: a process forked afterwards starts with them.
+        """
+        table = self.prepare(worker, source)
+        with HandlerSession(self.engine) as session:
+            try:
+                session.get(source, source_id)
+                conn = session.connection()
+                self.dialect.finish(conn, table, source_id, NEVER_ISSUED_TOKEN)
+                self.dialect.unfinish(conn, table, source_id, NEVER_ISSUED_TOKEN, 0.0)
+                session.flush()
+            finally:
+                session.rollback()
 
     def dispose(self) -> None:
         if self._engine is not None:

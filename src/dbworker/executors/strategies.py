@@ -56,8 +56,10 @@ class Pool:
 class SpawnPerTask:
     """A fresh process for every invocation: isolation from leaks and native crashes.
 
-    The next process is started while the current one works, so an item does not
-    wait for a process start.
+    Each process is forked from a template process that has imported the handler,
+    initialised the database dialect and configured the mappers, and it connects
+    before it is given work: the next one is ready while the current one runs.
+    ``start_method`` is how the template (or, without pidfds, each process) starts.
     """
 
     start_method: str | None = None
@@ -66,8 +68,14 @@ class SpawnPerTask:
         _check_start_method(self.start_method)
 
     def build(self, slots: int, config: ChildConfig) -> Executor:
+        from .spawn import SpawnExecutor, pidfds_supported
+
+        if pidfds_supported():
+            return SpawnExecutor(slots, config, self.start_method)
         from .pool import ProcessPool
 
+        # Without pidfds the coordinator cannot safely watch or kill a process that
+        # is not its child: each invocation gets a process started by multiprocessing.
         return ProcessPool(slots, config, self.start_method, max_tasks_per_child=1)
 
 

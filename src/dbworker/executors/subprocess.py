@@ -76,9 +76,6 @@ class SubprocessPool(ProcessPool):
         self.env = dict(os.environ if env is None else env)
         self.cwd = cwd
 
-    def wait_handles(self) -> list[Any]:
-        return [h for h in super().wait_handles() if h is not None]
-
     def _launch(self) -> tuple[ProcessHandle, Connection]:
         parent_sock, child_sock = socket.socketpair()
         env = {**self.env, FD_ENV: str(child_sock.fileno())}
