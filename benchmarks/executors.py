@@ -98,9 +98,7 @@ def insert_items(engine: sa.Engine, first: int, count: int) -> float:
     return started
 
 
-def wait_finished(
-    engine: sa.Engine, table: sa.Table, total: int, coordinator: Coordinator
-) -> None:
+def wait_finished(engine: sa.Engine, table: sa.Table, total: int, coordinator: Coordinator) -> None:
     deadline = time.monotonic() + BATCH_DEADLINE_SECONDS
     query = select(func.count()).where(table.c.status == "finished")
     while True:
