@@ -126,9 +126,10 @@ def measure(url: str, executor: str, args: argparse.Namespace) -> dict[str, Any]
         coordinator = Coordinator(
             sessionmaker(engine),
             database_url=url,
-            # Short empty-poll waits: the warm-up and the timed batch start without
-            # waiting out a backoff; a busy worker never waits on them anyway.
-            poll_seconds=0.01,
+            # Short empty-poll waits (default 0.25 s, backing off to 10 s): the timed
+            # batch is found within 50 ms of its commit. A busy worker looks for new
+            # rows once per poll_seconds, so a shorter one would add discovery queries.
+            poll_seconds=0.05,
             max_poll_seconds=0.05,
             executor=make_choice(executor),
         )

@@ -218,7 +218,9 @@ class Coordinator:
         if not isinstance(bind, Engine):
             return
         ours, theirs = self._url, bind.url
-        if not _same_database(ours, theirs):
+        if theirs.get_backend_name() not in self.dialect.backend_names or not (
+            self.dialect.same_database(ours, theirs)
+        ):
             raise ConfigurationError(
                 f"database_url ({ours.render_as_string()}) and the session factory's engine "
                 f"({theirs.render_as_string()}) point at different databases"
@@ -410,48 +412,6 @@ class _Workers(Mapping[str, Worker]):
 
     def __repr__(self) -> str:
         return f"<workers {sorted(self._workers)}>"
-
-
-_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
-_LOOPBACK = {"", "localhost", "127.0.0.1", "::1"}
-
-
-def _same_database(ours: URL, theirs: URL) -> bool:
-    """Whether two URLs plausibly name one database.
-
-    Only clear mismatches count: spellings of one database (a driver, an omitted
-    default port, "localhost" for 127.0.0.1, a relative SQLite path) must not stop a
-    coordinator from being built.
-    """
-
-    def family(url: URL) -> str:
-        backend = url.get_backend_name()
-        return "mysql" if backend == "mariadb" else backend
-
-    if family(ours) != family(theirs):
-        return False
-    if family(ours) == "sqlite":
-        return _sqlite_path(ours) == _sqlite_path(theirs)
-
-    def host(url: URL) -> str:
-        name = (url.host or "").lower()
-        return "localhost" if name in _LOOPBACK else name
-
-    def port(url: URL) -> int | None:
-        return url.port or _DEFAULT_PORTS.get(family(url))
-
-    return (
-        host(ours) == host(theirs)
-        and port(ours) == port(theirs)
-        and (ours.database or "") == (theirs.database or "")
-    )
-
-
-def _sqlite_path(url: URL) -> str:
-    database = url.database or ""
-    if database.startswith("file:"):  # a URI filename (uri=true)
-        database = database[len("file:") :].split("?", 1)[0]
-    return os.path.realpath(database) if database else ""
 
 
 def _pid() -> int:

@@ -87,6 +87,10 @@ class Owner:
         return cls(socket.gethostname()[:255], os.getpid())
 
 
+#: Host names that mean this machine.
+_LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1"})
+
+
 def claim_columns(table: Table) -> tuple[ColumnElement[Any], ...]:
     """What a claim reads of each record: the fields of ``Claim``, in order."""
     c = table.c
@@ -118,6 +122,8 @@ class Dialect:
     supports_skip_locked: ClassVar[bool] = False
     #: Whether two coordinator transactions can claim at the same time.
     supports_concurrent_claims: ClassVar[bool] = True
+    #: The server's port where a URL leaves it out (None: no server).
+    default_port: ClassVar[int | None] = None
     #: How many candidate rows a discovery or sweep round reads at most.
     discovery_batch: ClassVar[int] = 1000
 
@@ -133,6 +139,27 @@ class Dialect:
 
     def validate_url(self, url: URL) -> None:
         """Reject URLs this database cannot coordinate through (e.g. in-memory SQLite)."""
+
+    def same_database(self, ours: URL, theirs: URL) -> bool:
+        """Whether two URLs of this database plausibly name one database.
+
+        Only clear mismatches count: spellings of one database (a driver, an omitted
+        default port, "localhost" for 127.0.0.1) must not stop a coordinator from
+        being built.
+        """
+
+        def host(url: URL) -> str:
+            name = (url.host or "").lower()
+            return "localhost" if name in _LOOPBACK else name
+
+        def port(url: URL) -> int | None:
+            return url.port or self.default_port
+
+        return (
+            host(ours) == host(theirs)
+            and port(ours) == port(theirs)
+            and (ours.database or "") == (theirs.database or "")
+        )
 
     def configure_engine(self, engine: Engine) -> None:
         """Set up an engine dbworker created itself (coordinator or child process)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 from sqlalchemy import ColumnElement, Engine, Float, Select, Table, event, func, literal
@@ -42,6 +43,10 @@ class SQLiteDialect(Dialect):
                 "an in-memory SQLite database cannot be shared with worker processes; "
                 "use a file-backed database such as sqlite:///work.db"
             )
+
+    def same_database(self, ours: URL, theirs: URL) -> bool:
+        # A file, whatever the spelling of its path (relative, URI filename).
+        return _file_path(ours) == _file_path(theirs)
 
     def db_now(self) -> ColumnElement[float]:
         # julianday() has millisecond resolution and is fixed for one statement.
@@ -93,3 +98,10 @@ class SQLiteDialect(Dialect):
     def is_transient(self, error: BaseException) -> bool:
         message = str(getattr(error, "orig", error)).lower()
         return "locked" in message or "busy" in message or super().is_transient(error)
+
+
+def _file_path(url: URL) -> str:
+    database = url.database or ""
+    if database.startswith("file:"):  # a URI filename (uri=true)
+        database = database[len("file:") :].split("?", 1)[0]
+    return os.path.realpath(database) if database else ""
