@@ -41,6 +41,7 @@ from sqlalchemy.sql.dml import Insert
 
 from ..core.status import OPEN, ExecutionStatus, Phase
 from ..core.transitions import Event, sources
+from .liveness import ping_when_idle
 
 #: A clock for tests: seconds since the epoch. Production reads the database's clock.
 Clock = Callable[[], float]
@@ -162,12 +163,17 @@ class Dialect:
         )
 
     def configure_engine(self, engine: Engine) -> None:
-        """Set up an engine dbworker created itself (coordinator or child process)."""
+        """Set up an engine dbworker created itself (coordinator or child process).
+
+        Overrides call this too: its pooled connections are checked after idling, so
+        that a restarted server or an idle timeout costs no transaction an error.
+        """
+        ping_when_idle(engine)
 
     def coordinator_engine_options(self) -> dict[str, Any]:
         """Options merged under the user's ``engine_options`` for the coordinator's engine
         (child processes use the user's options alone: handlers get the app's defaults)."""
-        return {"pool_pre_ping": True}
+        return {}
 
     # -- time ----------------------------------------------------------------------
 

@@ -71,6 +71,8 @@ class SQLiteDialect(Dialect):
         return query.limit(limit)
 
     def configure_engine(self, engine: Engine) -> None:
+        super().configure_engine(engine)
+
         @event.listens_for(engine, "do_connect")
         def _do_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: Any) -> None:
             # pysqlite's ``timeout`` is SQLite's busy timeout; keep the user's choice.

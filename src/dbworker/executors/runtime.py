@@ -66,13 +66,10 @@ class Runtime:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            # Pre-ping (unless the user's options say otherwise): a handler process
-            # outlives database restarts, and a pooled connection the server dropped
-            # would otherwise fail the next handler that checks it out.
-            self._engine = create_engine(
-                self.config.database_url,
-                **{"pool_pre_ping": True, **self.config.engine_options},
-            )
+            # The dialect's configure_engine (below) pings pooled connections that
+            # idled: a handler process outlives database restarts, and a connection
+            # the server dropped would otherwise fail the next handler to use it.
+            self._engine = create_engine(self.config.database_url, **self.config.engine_options)
             if self.config.dialect is not None:
                 self._dialect = self.config.dialect()
             else:

@@ -1,0 +1,47 @@
+"""Checking a pooled connection before use, but only after it has been idle.
+
+SQLAlchemy's ``pool_pre_ping`` pings on every checkout: a round trip per
+transaction, a large share of a busy coordinator's work (a claim every few
+milliseconds) and of a one-invocation handler process's. A connection returned a
+moment ago is as good as a ping; one idle for longer than ``IDLE_SECONDS`` is
+pinged first and replaced if the ping finds it dead (a restarted server, a
+proxy's or the server's idle timeout), before anyone uses it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import Engine, event
+from sqlalchemy.exc import DisconnectionError
+
+#: A connection idle for longer than this is pinged before it is used.
+IDLE_SECONDS = 1.0
+_RETURNED_AT = "dbworker_returned_at"
+
+
+def ping_when_idle(engine: Engine, idle_seconds: float | None = None) -> None:
+    """Ping ``engine``'s pooled connections at checkout when they have been idle."""
+
+    @event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_connection: Any, record: Any) -> None:
+        if record is not None:
+            record.info[_RETURNED_AT] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        returned_at = record.info.get(_RETURNED_AT)
+        limit = IDLE_SECONDS if idle_seconds is None else idle_seconds
+        if returned_at is None or time.monotonic() - returned_at < limit:
+            return  # just connected, or in use a moment ago
+        dialect = engine.dialect
+        try:
+            alive = dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as exc:
+            if not dialect.is_disconnect(exc, dbapi_connection, None):
+                raise
+            alive = False
+        if not alive:
+            # The pool discards this connection and checks out a new one.
+            raise DisconnectionError("the pooled connection was closed while it idled")

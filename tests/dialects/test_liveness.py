@@ -1,0 +1,95 @@
+"""Pooled connections are pinged after idling, not on every checkout."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Engine, text
+
+from dbworker.dialects.liveness import ping_when_idle
+
+IDLE = 0.05
+
+
+def _engine(url: str, idle_seconds: float) -> Engine:
+    engine = sa.create_engine(url, pool_size=1, max_overflow=0)
+    ping_when_idle(engine, idle_seconds)
+    return engine
+
+
+def _server_id(conn: sa.Connection) -> Any:
+    if conn.dialect.name == "postgresql":
+        return conn.execute(text("SELECT pg_backend_pid()")).scalar()
+    return conn.execute(text("SELECT CONNECTION_ID()")).scalar()
+
+
+def _drop_on_server(url: str, server_id: Any) -> None:
+    """End a session from the server's side, as a restart or an idle timeout would."""
+    killer = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with killer.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": server_id})
+            else:
+                conn.execute(text(f"KILL CONNECTION {int(server_id)}"))
+    finally:
+        killer.dispose()
+
+
+@pytest.mark.backends("postgresql", "mysql")
+def test_an_idle_connection_the_server_dropped_is_replaced_before_use(database_url: str) -> None:
+    engine = _engine(database_url, IDLE)
+    try:
+        with engine.connect() as conn:
+            first = _server_id(conn)
+        _drop_on_server(database_url, first)
+        time.sleep(IDLE * 2)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT 1")).scalar() == 1
+            assert _server_id(conn) != first
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.backends("postgresql", "mysql")
+def test_without_the_ping_the_dropped_connection_fails_its_next_user(database_url: str) -> None:
+    # The counterpart of the test above: what the ping prevents really happens.
+    engine = _engine(database_url, idle_seconds=3600.0)
+    try:
+        with engine.connect() as conn:
+            first = _server_id(conn)
+        _drop_on_server(database_url, first)
+        time.sleep(IDLE * 2)
+        with pytest.raises(sa.exc.DBAPIError) as raised, engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        assert raised.value.connection_invalidated
+    finally:
+        engine.dispose()
+
+
+def test_a_connection_used_a_moment_ago_is_not_pinged(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _engine(database_url, IDLE)
+    pings: list[object] = []
+    original = engine.dialect.do_ping
+
+    def counting(dbapi_connection: Any) -> bool:
+        pings.append(dbapi_connection)
+        return original(dbapi_connection)
+
+    monkeypatch.setattr(engine.dialect, "do_ping", counting)
+    try:
+        for _ in range(5):
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        assert pings == []
+        time.sleep(IDLE * 2)
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        assert len(pings) == 1
+    finally:
+        engine.dispose()
