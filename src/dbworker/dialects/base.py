@@ -123,6 +123,9 @@ class Dialect:
     supports_skip_locked: ClassVar[bool] = False
     #: Whether two coordinator transactions can claim at the same time.
     supports_concurrent_claims: ClassVar[bool] = True
+    #: Whether a new connection's first statements pay for loading what they read
+    #: into a new server session (PostgreSQL: a new backend process, empty caches).
+    new_connection_is_cold: ClassVar[bool] = False
     #: The server's port where a URL leaves it out (None: no server).
     default_port: ClassVar[int | None] = None
     #: How many candidate rows a discovery or sweep round reads at most.

@@ -31,6 +31,8 @@ _TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "57P02", "
 class PostgreSQLDialect(Dialect):
     backend_names: ClassVar[tuple[str, ...]] = ("postgresql",)
     default_port: ClassVar[int | None] = 5432
+    # Each connection is a new backend process, whose catalog caches start empty.
+    new_connection_is_cold: ClassVar[bool] = True
     supports_skip_locked: ClassVar[bool] = True
 
     def db_now(self) -> ColumnElement[float]:

@@ -62,6 +62,8 @@ class Runtime:
         self._engine: Engine | None = None
         self._dialect: Dialect | None = None
         self._tables: dict[tuple[str, type[Any]], WorkerTable] = {}
+        #: What ``rehearse`` ran with, per worker, to run again in a fresh process.
+        self.rehearsals: dict[str, tuple[type[Any], Any]] = {}
 
     @property
     def engine(self) -> Engine:
@@ -121,6 +123,7 @@ class Runtime:
         their compiled forms: a process forked afterwards starts with them.
         """
         table = self.prepare(worker, source)
+        self.rehearsals[worker] = (source, source_id)
         with HandlerSession(self.engine) as session:
             try:
                 session.get(source, source_id)

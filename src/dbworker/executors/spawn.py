@@ -163,6 +163,13 @@ def _forked(channel: int, runtime: Runtime, config: ChildConfig, inherited: list
         threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
         conn = Connection(channel)
         runtime.connect()  # all else was prepared in the template
+        if runtime.dialect.new_connection_is_cold:
+            # Once more, on this process's own connection and before it says ready:
+            # the server loads what these statements need into the new session now,
+            # off the item's time.
+            for worker, (source, source_id) in runtime.rehearsals.items():
+                with contextlib.suppress(Exception):
+                    runtime.rehearse(worker, source, source_id)
         try:
             conn.send((READY, os.getpid()))
             message = conn.recv()

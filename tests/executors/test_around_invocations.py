@@ -1,4 +1,7 @@
-"""The pool reads a process's last result even when the process has exited since.
+"""What handler processes do around an invocation: results read before deaths, and
+rehearsals that change nothing.
+
+The pool reads a process's last result even when the process has exited since.
 
 A spawn-per-task process sends its result and exits at once, so the coordinator
 can see it dead before it has read the result. Found by the executors benchmark
@@ -10,12 +13,18 @@ pool checks whether it is alive.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from typing import Any
 
+from sqlalchemy import select
+
+from dbworker.core.status import Phase
 from dbworker.executors import ChildConfig, Result, ResultKind, Task
 from dbworker.executors.pool import ProcessPool
+from dbworker.executors.runtime import Runtime
 
 from . import app
+from .support import Rig
 
 
 class AnswersThenExits:
@@ -67,3 +76,43 @@ def test_a_result_sent_just_before_exiting_is_a_result_not_a_crash() -> None:
 
     [result] = pool.collect()
     assert (result.task_key, result.kind) == (task.key, ResultKind.FINISHED)
+
+
+def test_a_rehearsal_changes_no_record(rig: Rig) -> None:
+    # Spawn's template (and, on PostgreSQL, each new process) runs an invocation's
+    # statements under a token no claim has, to warm caches: every record, of every
+    # status, must come out of it as it went in.
+    coordinator = rig.coordinator("spawn")
+    ids = rig.add("finish", "unfinished;finish", "hang", "raise")
+    table = coordinator.workers[app.WORKER].table.table
+    with rig.engine.begin() as conn:
+        # The working record holds token 1, the first claim's: the most common token.
+        phases = [Phase.PENDING, Phase.UNFINISHED, Phase.WORKING, Phase.FAILED]
+        tokens = [0, 2, 1, 3]
+        for item_id, phase, token in zip(ids, phases, tokens, strict=True):
+            conn.execute(
+                table.insert().values(
+                    source_id=item_id,
+                    status=phase.value,
+                    token=token,
+                    attempts=1,
+                    failures=0,
+                    crashes=0,
+                    discovered_at=0.0,
+                    updated_at=0.0,
+                )
+            )
+    before = _rows(rig, table)
+    runtime = Runtime(ChildConfig(rig.url, {}, os.getpid()))
+    try:
+        for item_id in ids:
+            runtime.rehearse(app.WORKER, app.Item, item_id)
+    finally:
+        runtime.dispose()
+    assert _rows(rig, table) == before
+    assert rig.effects() == []
+
+
+def _rows(rig: Rig, table: Any) -> list[Any]:
+    with rig.engine.connect() as conn:
+        return list(conn.execute(select(table).order_by(table.c.source_id)).all())
