@@ -6,6 +6,10 @@ Actions in the order they happen:
 
 - ``gate``: wait until the test opens this run's gate (a file);
 - ``hang``: sleep far longer than any test (only a kill ends it);
+- ``lock``: update its own item row (a row lock, on SQLite the write lock) and
+  flush, so that a death after it leaves a transaction holding a lock;
+- ``session``: (PostgreSQL) record what it finds of a previous invocation's session
+  state, then leave some behind: a setting, a temporary table, an advisory lock;
 - ``exit3``: ``os._exit(3)``; ``sigkill``: SIGKILL its own process;
 - then an ``Effect`` row is written and flushed (so a rollback has something to undo);
 - ``raise``: raise; ``wrong``: return a wrong type; ``unfinished``: return
@@ -26,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from sqlalchemy import Integer, String, Text
+from sqlalchemy import Integer, String, Text, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from dbworker import Finished, Outcome, Unfinished
@@ -130,6 +134,27 @@ def process_facts() -> dict[str, object]:
     }
 
 
+ADVISORY_LOCKS_HELD = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+)
+
+
+def leave_session_state(session: Session) -> dict[str, object]:
+    """What this PostgreSQL session holds of an earlier invocation's; then leave the same
+    behind for the next one to find (it must not)."""
+    found = {
+        "backend": session.scalar(text("SELECT pg_backend_pid()")),
+        "setting": session.scalar(text("SELECT current_setting('dbworker_test.left', true)")),
+        "temp_table": session.scalar(text("SELECT to_regclass('pg_temp.dbworker_left')"))
+        is not None,
+        "advisory_lock": session.scalar(text(ADVISORY_LOCKS_HELD)),
+    }
+    session.execute(text("SELECT set_config('dbworker_test.left', 'yes', false)"))
+    session.execute(text("CREATE TEMPORARY TABLE IF NOT EXISTS dbworker_left (x int)"))
+    session.execute(text("SELECT pg_advisory_lock(4242)"))
+    return found
+
+
 def plan_for_run(plan: str, run: int) -> list[str]:
     runs = plan.split(";")
     return runs[min(run, len(runs)) - 1].split("+")
@@ -155,11 +180,17 @@ def _run(worker: str, source: Item, session: Session, plan: str | None = None) -
     session.rollback()
     run = announce_run(workdir, worker, item_id)
     actions = plan_for_run(plan, run)
+    facts: dict[str, object] = {}
     for action in actions:
         if action == "gate":
             wait_for_gate(workdir, item_id, run)
         elif action == "hang":
             time.sleep(HANG_SECONDS)
+        elif action == "lock":
+            session.execute(update(Item).where(Item.id == item_id).values(plan=plan))
+            session.flush()
+        elif action == "session":
+            facts["session"] = leave_session_state(session)
         elif action == "exit3":
             os._exit(3)
         elif action == "sigkill":
@@ -170,7 +201,7 @@ def _run(worker: str, source: Item, session: Session, plan: str | None = None) -
             item_id=item_id,
             run=run,
             pid=os.getpid(),
-            info=json.dumps(process_facts()),
+            info=json.dumps({**process_facts(), **facts}),
         )
     )
     # Flushed, so the INSERT really is in the transaction that must roll back.

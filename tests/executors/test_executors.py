@@ -376,6 +376,44 @@ def test_spawn_without_pidfds_still_runs_every_invocation_in_a_fresh_process(
     assert os.getpid() not in pids
 
 
+@pytest.mark.backends("postgresql")
+def test_spawn_lends_connections_across_processes_but_no_session_state(rig: Rig) -> None:
+    # On PostgreSQL a handler process takes over a connection the template opened
+    # (saving a server backend per item) and resets its session on the way out.
+    coordinator = rig.coordinator(make_choice("spawn"))
+    ids = rig.add(*["session"] * 8)
+    coordinator.start()
+    rig.wait_status(coordinator, ids, FINISHED)
+    found = rig.effects()
+    assert len({e.pid for e in found}) == len(found) == 8
+    backends = Counter(e.info["session"]["backend"] for e in found)
+    assert max(backends.values()) > 1, "no connection was lent twice: nothing was tested"
+    for effect in found:
+        # What the previous holder of the session left (a setting, a temporary table,
+        # a session-level advisory lock) was gone. A reset custom setting reads as ''
+        # where it was once set in the session, None where never.
+        session = effect.info["session"]
+        assert session["setting"] in (None, ""), session
+        assert (session["temp_table"], session["advisory_lock"]) == (False, 0), session
+
+
+@pytest.mark.parametrize("executor", executor_params(inline=INLINE_SHARES_PROCESS))
+@pytest.mark.parametrize("death", ["sigkill", "exit3"])
+def test_a_handler_that_dies_holding_a_lock_does_not_block_the_next_run(
+    rig: Rig, executor: str, death: str
+) -> None:
+    # The first run locks its item's row and dies inside that transaction; the next
+    # run needs the same lock. Under spawn on PostgreSQL the dead process's connection
+    # belonged to the template, which must close it so the server rolls back.
+    coordinator = rig.coordinator(make_choice(executor))
+    [item_id] = rig.add(f"lock+{death};lock+finish")
+    coordinator.start()
+    rig.wait_status(coordinator, [item_id], FINISHED)
+    assert len(rig.runs(item_id)) == 2
+    [effect] = rig.effects()
+    assert effect.run == 2
+
+
 def test_inline_runs_handlers_in_the_coordinator_process(rig: Rig) -> None:
     coordinator = rig.coordinator(make_choice("inline"), concurrency=2)
     ids = rig.add("finish", "unfinished;finish", "finish")

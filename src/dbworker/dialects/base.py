@@ -126,6 +126,9 @@ class Dialect:
     #: Whether a new connection's first statements pay for loading what they read
     #: into a new server session (PostgreSQL: a new backend process, empty caches).
     new_connection_is_cold: ClassVar[bool] = False
+    #: Whether a connection's session can pass from one handler process to a later
+    #: one (a fork inherits the socket; ``reset_session`` clears what the first left).
+    sessions_outlive_processes: ClassVar[bool] = False
     #: The server's port where a URL leaves it out (None: no server).
     default_port: ClassVar[int | None] = None
     #: How many candidate rows a discovery or sweep round reads at most.
@@ -172,6 +175,10 @@ class Dialect:
         that a restarted server or an idle timeout costs no transaction an error.
         """
         ping_when_idle(engine)
+
+    def reset_session(self, conn: Connection) -> None:
+        """Return the session to its state just after connecting (no transaction open)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reset a session")
 
     def coordinator_engine_options(self) -> dict[str, Any]:
         """Options merged under the user's ``engine_options`` for the coordinator's engine

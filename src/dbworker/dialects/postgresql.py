@@ -33,12 +33,19 @@ class PostgreSQLDialect(Dialect):
     default_port: ClassVar[int | None] = 5432
     # Each connection is a new backend process, whose catalog caches start empty.
     new_connection_is_cold: ClassVar[bool] = True
+    # libpq's client state is plain memory a fork copies; DISCARD ALL resets the rest.
+    sessions_outlive_processes: ClassVar[bool] = True
     supports_skip_locked: ClassVar[bool] = True
 
     def db_now(self) -> ColumnElement[float]:
         # clock_timestamp(), not now(): now() is frozen at transaction start, and a
         # lease must be measured from when the statement really ran.
         return cast(extract("epoch", func.clock_timestamp()), Float())
+
+    def reset_session(self, conn: Connection) -> None:
+        # Settings, prepared statements, temporary tables, advisory locks, LISTENs:
+        # what one handler left must not reach the next. Not allowed in a transaction.
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("DISCARD ALL")
 
     def insert_ignore(self, table: Table) -> Insert:
         return pg_insert(table).on_conflict_do_nothing(index_elements=["source_id"])

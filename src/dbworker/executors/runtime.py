@@ -68,16 +68,26 @@ class Runtime:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            # The dialect's configure_engine (below) pings pooled connections that
-            # idled: a handler process outlives database restarts, and a connection
-            # the server dropped would otherwise fail the next handler to use it.
-            self._engine = create_engine(self.config.database_url, **self.config.engine_options)
+            self._engine = self.new_engine()
+        return self._engine
+
+    def new_engine(self) -> Engine:
+        """An engine as handlers get it: the user's options, set up by the dialect."""
+        # The dialect's configure_engine pings pooled connections that idled: a
+        # handler process outlives database restarts, and a connection the server
+        # dropped would otherwise fail the next handler to use it.
+        engine = create_engine(self.config.database_url, **self.config.engine_options)
+        if self._dialect is None:
             if self.config.dialect is not None:
                 self._dialect = self.config.dialect()
             else:
-                self._dialect = for_engine(self._engine)
-            self._dialect.configure_engine(self._engine)
-        return self._engine
+                self._dialect = for_engine(engine)
+        self._dialect.configure_engine(engine)
+        return engine
+
+    def use_engine(self, engine: Engine) -> None:
+        """Run invocations on ``engine`` (one this process inherited, connected)."""
+        self._engine = engine
 
     @property
     def dialect(self) -> Dialect:
@@ -116,15 +126,18 @@ class Runtime:
         with contextlib.suppress(Exception), self.engine.connect():
             pass
 
-    def rehearse(self, worker: str, source: type[Any], source_id: Any) -> None:
+    def rehearse(
+        self, worker: str, source: type[Any], source_id: Any, engine: Engine | None = None
+    ) -> None:
         """Run an invocation's statements under a token never issued, and roll back.
 
         Nothing changes (the fenced updates match no row), but SQLAlchemy caches
-        their compiled forms: a process forked afterwards starts with them.
+        their compiled forms (a process forked afterwards starts with them), and the
+        database session has loaded what they read.
         """
         table = self.prepare(worker, source)
         self.rehearsals[worker] = (source, source_id)
-        with HandlerSession(self.engine) as session:
+        with HandlerSession(engine or self.engine) as session:
             try:
                 session.get(source, source_id)
                 conn = session.connection()

@@ -38,6 +38,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlalchemy.orm import configure_mappers
 
 from .base import ChildConfig, Task
@@ -53,6 +54,8 @@ from .runtime import Runtime
 
 #: How many exit statuses of processes not (yet) known by pid are kept.
 MAX_UNCLAIMED_STATUSES = 4096
+#: Exit status of a handler process whose lent connection had to be replaced.
+LANE_REPLACED = 75
 #: How long shutdown waits for the template to exit before killing it.
 TEMPLATE_EXIT_SECONDS = 5.0
 
@@ -85,8 +88,9 @@ def template_main(control: Connection, config: ChildConfig) -> None:
     _freeze()
     coordinator = os.pidfd_open(config.parent_pid)
     children: dict[int, int] = {}  # pidfd -> pid
+    lanes = _Lanes(runtime)
     try:
-        _serve(control, coordinator, children, runtime, config)
+        _serve(control, coordinator, children, runtime, config, lanes)
     except (EOFError, OSError):
         pass  # the coordinator closed its end: it is stopping, or gone
     finally:
@@ -103,6 +107,7 @@ def _serve(
     children: dict[int, int],
     runtime: Runtime,
     config: ChildConfig,
+    lanes: _Lanes,
 ) -> None:
     while True:
         readable, _, _ = select.select([control.fileno(), coordinator, *children], [], [])
@@ -113,7 +118,9 @@ def _serve(
                 pid = children.pop(fd)
                 os.close(fd)
                 _, status = os.waitpid(pid, 0)
-                control.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+                exitcode = os.waitstatus_to_exitcode(status)
+                lanes.returned(pid, exitcode)
+                control.send(("exited", pid, exitcode))
         if control.fileno() not in readable:
             continue
         message = control.recv()
@@ -121,9 +128,11 @@ def _serve(
             return
         if message[0] == "learn":
             _learn(runtime, *message[1:])
+            lanes.learned()
             _freeze()
         elif message[0] == "fork":
             channel = recv_handle(control)
+            lane = lanes.lend(limit=message[1])
             try:
                 pid = os.fork()
             except OSError as exc:  # out of processes or memory: the coordinator sees EOF
@@ -131,9 +140,10 @@ def _serve(
                 os.close(channel)
                 continue
             if pid == 0:
-                _forked(channel, runtime, config, [control.fileno(), coordinator, *children])
+                _forked(channel, runtime, config, [control.fileno(), coordinator, *children], lane)
             os.close(channel)
             children[os.pidfd_open(pid)] = pid
+            lanes.lent_to(pid, lane)
 
 
 def _learn(runtime: Runtime, worker: str, payload: bytes, source_id: Any) -> None:
@@ -154,16 +164,92 @@ def _freeze() -> None:
     gc.freeze()
 
 
-def _forked(channel: int, runtime: Runtime, config: ChildConfig, inherited: list[int]) -> None:
-    """A handler process: connect, say ready, run one invocation, exit. Never returns."""
+def _dbapi_connection(engine: Engine) -> Any:
+    with engine.connect() as conn:
+        return conn.connection.dbapi_connection
+
+
+class _Lanes:
+    """Connections the template opens and lends, each to one handler process at a time.
+
+    Where the dialect allows it (``sessions_outlive_processes``), a handler process
+    does not connect: it inherits a connection the template opened and left idle,
+    and on its way out resets the session and leaves the connection open. The
+    template lends it again once that process has exited cleanly; after any other
+    exit (a crash, a kill, a failed reset) it closes the connection, which ends the
+    session and rolls back whatever the process left open. Saves each invocation a
+    connection, and on PostgreSQL a server backend process with cold caches.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.enabled = runtime.dialect.sessions_outlive_processes
+        self.free: list[Engine] = []
+        self.lent: dict[int, Engine] = {}
+        self.pending: Engine | None = None
+
+    def lend(self, limit: int) -> Engine | None:
+        """A connected engine for the next process, or None: it connects itself."""
+        if not self.enabled:
+            return None
+        if self.free:
+            return self.free.pop()
+        if len(self.lent) >= limit:
+            return None
+        try:
+            engine = self.runtime.new_engine()
+            with engine.connect():
+                pass
+            self._rehearse(engine)
+        except Exception:  # the process connects itself, and meets the error there
+            return None
+        return engine
+
+    def lent_to(self, pid: int, engine: Engine | None) -> None:
+        if engine is not None:
+            self.lent[pid] = engine
+
+    def returned(self, pid: int, exitcode: int) -> None:
+        engine = self.lent.pop(pid, None)
+        if engine is None:
+            return
+        if exitcode == 0:
+            self.free.append(engine)
+        else:
+            engine.dispose()
+
+    def learned(self) -> None:
+        for engine in self.free:
+            self._rehearse(engine)
+
+    def _rehearse(self, engine: Engine) -> None:
+        for worker, (source, source_id) in self.runtime.rehearsals.items():
+            with contextlib.suppress(Exception):
+                self.runtime.rehearse(worker, source, source_id, engine)
+
+
+def _forked(
+    channel: int,
+    runtime: Runtime,
+    config: ChildConfig,
+    inherited: list[int],
+    lane: Engine | None,
+) -> None:
+    """A handler process: connect (or take over ``lane``'s connection), say ready, run
+    one invocation, exit. Never returns."""
     status = 1
     try:
         for fd in inherited:
             os.close(fd)  # the template's; holding them would hide its exit and theirs
         threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
         conn = Connection(channel)
-        runtime.connect()  # all else was prepared in the template
-        if runtime.dialect.new_connection_is_cold:
+        lent = None
+        if lane is not None:
+            runtime.use_engine(lane)  # connected, its session warm
+            lent = _dbapi_connection(lane)  # pinged if it idled: alive, or replaced
+        else:
+            runtime.connect()  # all else was prepared in the template
+        if lane is None and runtime.dialect.new_connection_is_cold:
             # Once more, on this process's own connection and before it says ready:
             # the server loads what these statements need into the new session now,
             # off the item's time.
@@ -178,8 +264,17 @@ def _forked(channel: int, runtime: Runtime, config: ChildConfig, inherited: list
                 conn.send(run_message(runtime, header, payload))
         except (EOFError, OSError):
             pass  # the coordinator let this process go (shutdown) or died
-        runtime.dispose()
-        status = 0
+        if lane is None:
+            runtime.dispose()
+            status = 0
+        else:
+            # Leave the connection open for the template to lend again, its session
+            # as new; if that fails, the exit status tells the template to close it.
+            with runtime.engine.connect() as db:
+                runtime.dialect.reset_session(db)
+            # A connection the pool replaced (the lent one had died) is this process's
+            # alone; the template must not lend its dead one again.
+            status = 0 if _dbapi_connection(lane) is lent else LANE_REPLACED
     except BaseException:
         with contextlib.suppress(Exception):
             import traceback
@@ -200,7 +295,9 @@ def _forked(channel: int, runtime: Runtime, config: ChildConfig, inherited: list
 class Template:
     """The coordinator's handle on the template process and its control connection."""
 
-    def __init__(self, config: ChildConfig, start_method: str | None) -> None:
+    def __init__(self, config: ChildConfig, start_method: str | None, lane_limit: int) -> None:
+        #: At most this many connections lent at once (processes running, spare, exiting).
+        self.lane_limit = lane_limit
         context: Any = multiprocessing.get_context(start_method or default_start_method())
         self.control, child_end = context.Pipe()
         self.process = context.Process(
@@ -226,7 +323,7 @@ class Template:
         ours, theirs = socket.socketpair()
         handle = ForkedProcess(self)
         try:
-            self.control.send(("fork",))
+            self.control.send(("fork", self.lane_limit))
             send_handle(self.control, theirs.fileno(), self.process.pid)
         except OSError:
             pass  # the template is gone: the new process's socket reads EOF at once
@@ -352,7 +449,9 @@ class SpawnExecutor(ProcessPool):
         if self._template is None or not self._template.alive():
             if self._template is not None:
                 self._template.shutdown()
-            self._template = Template(self.config, self._start_method)
+            # Slots, spares, and as many again for processes on their way out.
+            lanes = 2 * (self.slots + self.spares)
+            self._template = Template(self.config, self._start_method, lanes)
             for worker, source_id in self._examples.items():
                 self._template.learn(worker, self._payloads[worker], source_id)
         return self._template.fork()
