@@ -449,8 +449,9 @@ class SpawnExecutor(ProcessPool):
         if self._template is None or not self._template.alive():
             if self._template is not None:
                 self._template.shutdown()
-            # Slots, spares, and as many again for processes on their way out.
-            lanes = 2 * (self.slots + self.spares)
+            # Processes running, spare, and on their way out (one per slot at most:
+            # a process exits right after its result, as its successor starts).
+            lanes = 2 * self.slots + self.spares
             self._template = Template(self.config, self._start_method, lanes)
             for worker, source_id in self._examples.items():
                 self._template.learn(worker, self._payloads[worker], source_id)
