@@ -5,11 +5,13 @@ the database driver, SQLAlchemy's dialect start-up queries, the ORM's mapper
 configuration). Instead one *template* process pays those once: it is started
 from multiprocessing's fork server (the handler modules already imported), opens
 and closes a connection so the SQLAlchemy dialect is initialised, configures the
-mappers and builds each worker's execution table. For each invocation the
-template forks; the copy connects, says it is ready, runs exactly one handler and
-exits. The template never runs a handler and holds no connection when it forks,
-so every handler process starts from the same clean state: the isolation of
-spawn-per-task at the price of a fork and a connect.
+mappers, builds each worker's execution table and rehearses its statements. For
+each invocation the template forks; the copy connects, says it is ready, runs
+exactly one handler and exits. The template never runs a handler, so every
+handler process starts from the same clean state: the isolation of spawn-per-task
+at the price of a fork and a connect. Where the database allows it (PostgreSQL),
+not even the connect: the template lends each process an idle connection of its
+own, whose session the process resets on its way out (``_Lanes``).
 
 The template is single-threaded (its loop selects on its control connection, the
 coordinator and its children), so forking it is safe, unlike forking the threaded
