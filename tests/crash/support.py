@@ -7,8 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,35 +17,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dbworker import Coordinator, ExecutionStatus
 from dbworker.dialects import for_url
+from waiting import DEADLINE, wait_until
 
 from . import app
 
 T = TypeVar("T")
-
-#: Generous: these deadlines only bound how long a failing test takes to say so.
-DEADLINE = 60.0
-
-
-def wait_until(
-    predicate: Callable[[], T],
-    what: str,
-    timeout: float = DEADLINE,
-    interval: float = 0.05,
-    diagnose: Callable[[], object] | None = None,
-) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail with ``what`` if never.
-
-    ``diagnose`` adds what it returns to the failure message (e.g. the records' states).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            detail = f"\n{diagnose()}" if diagnose is not None else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
-        time.sleep(interval)
 
 
 # -- processes, through /proc ----------------------------------------------------------
@@ -68,12 +43,6 @@ def proc_stat(pid: int) -> ProcStat | None:
     # The command name is in parentheses and may contain spaces: split after it.
     fields = text[text.rindex(")") + 2 :].split()
     return ProcStat(pid, fields[0], int(fields[1]), int(fields[3]))
-
-
-def pid_alive(pid: int) -> bool:
-    """Running or stopped; a zombie has already died."""
-    stat = proc_stat(pid)
-    return stat is not None and stat.state not in ("Z", "X")
 
 
 def all_pids() -> set[int]:

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import Engine
 
 from dbworker import ExecutionStatus
+from waiting import pid_alive, wait_until
 
 from . import app
 from .conftest import CoordinatorFactory
@@ -20,13 +21,11 @@ from .support import (
     effects,
     live_children,
     open_gate,
-    pid_alive,
     proc_stat,
     runs,
     state,
     status,
     wait_for_run,
-    wait_until,
 )
 
 #: Far longer than any wait below: a re-run within a wait can only come from the

@@ -22,6 +22,7 @@ from dbworker import Coordinator, ExecutionStatus
 from dbworker.dialects import Owner, for_url
 from dbworker.executors import ChildConfig, ResultKind, Task
 from dbworker.executors.runtime import Runtime
+from waiting import pid_alive, wait_until
 
 from . import app
 from .conftest import CoordinatorFactory
@@ -30,13 +31,11 @@ from .support import (
     coordinator_process,
     effects,
     open_gate,
-    pid_alive,
     proc_stat,
     runs,
     state,
     status,
     wait_for_run,
-    wait_until,
 )
 
 #: Long enough that no lease held by the test or a surviving coordinator runs out.

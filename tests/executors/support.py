@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from dbworker import (
 )
 from dbworker.dialects import for_url
 from dbworker.executors import ExecutorChoice
+from waiting import wait_until
 
 from . import app
 
@@ -37,8 +37,6 @@ PROCESS_EXECUTORS = ("pool", "spawn", "subprocess")
 #: Far longer than any wait: an item run again within a wait was released by the
 #: coordinator, never taken over after its lease ran out.
 LONG_LEASE = 120.0
-#: Generous: only bounds how long a failing test takes to say so.
-DEADLINE = 60.0
 
 INLINE_CANNOT_KILL = "the inline executor runs handlers in threads, which cannot be killed"
 INLINE_SHARES_PROCESS = (
@@ -78,28 +76,6 @@ def executor_params(names: tuple[str, ...] = EXECUTORS, inline: str | None = Non
         )
         for name in names
     ]
-
-
-def wait_until(
-    predicate: Callable[[], T], what: str, timeout: float = DEADLINE, interval: float = 0.05
-) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def pid_alive(pid: int) -> bool:
-    """Running or stopped; a zombie has already died."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return text[text.rindex(")") + 2 :].split()[0] not in ("Z", "X")
 
 
 def open_engine(url: str) -> Engine:

@@ -28,10 +28,10 @@ from sqlalchemy import update
 from dbworker import ConfigurationError, ExecutionStatus, RetryPolicy
 from dbworker.dialects import Owner
 from dbworker.executors import spawn as spawn_executor
+from waiting import DEADLINE, pid_alive, wait_until
 
 from . import app, unimportable
 from .support import (
-    DEADLINE,
     EXECUTORS,
     INLINE_CANNOT_KILL,
     INLINE_NO_IMPORT,
@@ -40,8 +40,6 @@ from .support import (
     child_env,
     executor_params,
     make_choice,
-    pid_alive,
-    wait_until,
 )
 
 FINISHED = ExecutionStatus.FINISHED

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, create_engine, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+import waiting
 from dbworker import Coordinator, ExecutionStatus
 from dbworker.dialects import for_url
 
@@ -38,15 +38,8 @@ def wait_until(
     timeout: float = DEADLINE,
     diagnose: Callable[[], object] | None = None,
 ) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = f"; {diagnose()}" if diagnose is not None else ""
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
-        time.sleep(0.05)
+    # Longer than elsewhere by default: these tests wait out database restarts.
+    return waiting.wait_until(predicate, what, timeout=timeout, diagnose=diagnose)
 
 
 def open_engine(url: str, **options: Any) -> Engine:

@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import inspect, select
 
 from dbworker import Coordinator, ExecutionStatus
+from waiting import pid_alive
 
 from . import app
 from .support import Site, wait_until
@@ -306,14 +307,6 @@ def wait_for_exit(process: subprocess.Popen[bytes], log: Path) -> int:
         raise AssertionError(
             "dbworker run did not exit:\n" + log.read_text(errors="replace")[-3000:]
         ) from None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2 :].split()[0] not in ("Z", "X")
 
 
 def test_run_stops_gracefully_on_sigterm(ops: Site, tmp_path: Path) -> None:
