@@ -255,10 +255,12 @@ class ProcessPool(Executor):
                 if not child.process.is_alive():
                     self._replace(index)
                 continue
-            # Liveness first: a result sent just before the process exited is in the
-            # pipe by the time its death shows, and must not be taken for a crash.
-            alive = child.process.is_alive()
             result = self._receive(child)
+            alive = result is not None or child.process.is_alive()
+            if not alive:
+                # A result sent just before the process exited is in the pipe by the
+                # time its death shows: look once more before calling it a crash.
+                result = self._receive(child)
             if result is not None:
                 results.append(result)
                 child.task = None
