@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import Engine, text
 
-from dbworker.dialects.liveness import ping_when_idle
+from dbworker.dialects.liveness import ping_when_idle, used_elsewhere
 
 IDLE = 0.05
 
@@ -18,6 +20,29 @@ def _engine(url: str, idle_seconds: float) -> Engine:
     engine = sa.create_engine(url, pool_size=1, max_overflow=0)
     ping_when_idle(engine, idle_seconds)
     return engine
+
+
+@contextlib.contextmanager
+def _pinging(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, list[object]]]:
+    """An engine that pings after IDLE, and the connections it pings, in order."""
+    engine = _engine(url, IDLE)
+    pings: list[object] = []
+    original = engine.dialect.do_ping
+
+    def counting(dbapi_connection: Any) -> bool:
+        pings.append(dbapi_connection)
+        return original(dbapi_connection)
+
+    monkeypatch.setattr(engine.dialect, "do_ping", counting)
+    try:
+        yield engine, pings
+    finally:
+        engine.dispose()
+
+
+def _use(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
 
 
 def _server_id(conn: sa.Connection) -> Any:
@@ -73,23 +98,27 @@ def test_without_the_ping_the_dropped_connection_fails_its_next_user(database_ur
 def test_a_connection_used_a_moment_ago_is_not_pinged(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = _engine(database_url, IDLE)
-    pings: list[object] = []
-    original = engine.dialect.do_ping
-
-    def counting(dbapi_connection: Any) -> bool:
-        pings.append(dbapi_connection)
-        return original(dbapi_connection)
-
-    monkeypatch.setattr(engine.dialect, "do_ping", counting)
-    try:
+    with _pinging(database_url, monkeypatch) as (engine, pings):
         for _ in range(5):
-            with engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
+            _use(engine)
         assert pings == []
         time.sleep(IDLE * 2)
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        _use(engine)
         assert len(pings) == 1
-    finally:
-        engine.dispose()
+
+
+def test_use_by_another_process_counts_as_recent_use(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A spawn handler process inherits its lent connection's pool as the template
+    # last saw it, long idle; a sibling process used it a moment ago.
+    with _pinging(database_url, monkeypatch) as (engine, pings):
+        _use(engine)
+        time.sleep(IDLE * 2)
+        used_elsewhere(engine, time.monotonic())
+        _use(engine)
+        assert pings == []
+        # What another process did long ago is no reason to skip the ping.
+        time.sleep(IDLE * 2)
+        _use(engine)
+        assert len(pings) == 1

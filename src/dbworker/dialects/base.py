@@ -38,6 +38,7 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.expression import ClauseElement
 
 from ..core.status import OPEN, ExecutionStatus, Phase
 from ..core.transitions import Event, sources
@@ -92,6 +93,39 @@ class Owner:
 _LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1"})
 
 
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: A fenced transition's value: the database's clock when the statement runs.
+NOW = _Marker("NOW")
+#: A fenced transition's value: the column's current value plus one.
+INCREMENT = _Marker("INCREMENT")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Later:
+    """A fenced transition's value: ``seconds`` after the database's clock."""
+
+    seconds: float
+
+
+def _value_kind(value: Any) -> str:
+    if value is NOW:
+        return "now"
+    if value is INCREMENT:
+        return "increment"
+    if isinstance(value, Later):
+        return "later"
+    if isinstance(value, ClauseElement):
+        return "sql"
+    return "value"
+
+
 def claim_columns(table: Table) -> tuple[ColumnElement[Any], ...]:
     """What a claim reads of each record: the fields of ``Claim``, in order."""
     c = table.c
@@ -141,6 +175,7 @@ class Dialect:
         self._db_clock: ColumnElement[float] | None = None
         self._claimable: dict[Table, ColumnElement[bool]] = {}
         self._claim_updates: dict[tuple[Table, float, Owner], Any] = {}
+        self._fenced_updates: dict[tuple[Table, Event, tuple[tuple[str, str], ...]], Any] = {}
 
     # -- configuration -------------------------------------------------------------
 
@@ -374,18 +409,58 @@ class Dialect:
         token: int,
         values: Mapping[str, Any],
     ) -> bool:
-        """Apply ``event`` if ``token`` is still current; False means the claim was lost."""
+        """Apply ``event`` if ``token`` is still current; False means the claim was lost.
+
+        ``values`` maps columns to Python values (bound at execution), ``NOW``,
+        ``Later(seconds)``, ``INCREMENT`` or an SQL expression. Without expressions the
+        statement is built once per table and shape and only its parameters change:
+        a handler process completes its one item without building SQL.
+        """
         table = worker.table
-        statement = (
+        shape = tuple((name, _value_kind(value)) for name, value in values.items())
+        cacheable = self.clock is None and "sql" not in (kind for _, kind in shape)
+        key = (table, event, shape)
+        statement = self._fenced_updates.get(key) if cacheable else None
+        if statement is None:
+            statement = self._fenced_update(table, event, values)
+            if cacheable:
+                self._fenced_updates[key] = statement
+        params = {"fence_source_id": source_id, "fence_token": token}
+        for name, value in values.items():
+            if isinstance(value, Later):
+                params[f"set_{name}"] = float(value.seconds)
+            elif _value_kind(value) == "value":
+                params[f"set_{name}"] = value
+        return conn.execute(statement, params).rowcount == 1
+
+    def _fenced_update(self, table: Table, event: Event, values: Mapping[str, Any]) -> Any:
+        now = self.now()
+
+        def column_value(name: str, value: Any) -> Any:
+            column = table.c[name]
+            kind = _value_kind(value)
+            if kind == "now":
+                return now
+            if kind == "later":
+                return now + bindparam(f"set_{name}", type_=Float())
+            if kind == "increment":
+                return column + 1
+            if kind == "sql":
+                return value
+            return bindparam(f"set_{name}", type_=column.type)
+
+        return (
             update(table)
             .where(
-                table.c.source_id == source_id,
-                table.c.token == token,
+                table.c.source_id == bindparam("fence_source_id"),
+                table.c.token == bindparam("fence_token"),
                 _in(table.c.status, sources(event)),
             )
-            .values(**values, updated_at=self.now())
+            .values(
+                {name: column_value(name, value) for name, value in values.items()}
+                | {"updated_at": now}
+            )
         )
-        return conn.execute(statement).rowcount == 1
 
     def renew(
         self,
@@ -396,13 +471,11 @@ class Dialect:
     ) -> list[Any]:
         """Extend the leases of ``held`` (source id, token) pairs; return the ids whose
         token is no longer current, or that are no longer WORKING under it."""
-        lease = self.now() + lease_seconds
+        lease = {"lease_expires_at": Later(lease_seconds)}
         return [
             source_id
             for source_id, token in held
-            if not self._fenced(
-                conn, worker, Event.RENEW, source_id, token, {"lease_expires_at": lease}
-            )
+            if not self._fenced(conn, worker, Event.RENEW, source_id, token, lease)
         ]
 
     def current_token(self, conn: Connection, worker: WorkerTable, source_id: Any) -> int | None:
@@ -410,7 +483,6 @@ class Dialect:
         return conn.execute(select(table.c.token).where(table.c.source_id == source_id)).scalar()
 
     def finish(self, conn: Connection, worker: WorkerTable, source_id: Any, token: int) -> bool:
-        now = self.now()
         return self._fenced(
             conn,
             worker,
@@ -421,7 +493,7 @@ class Dialect:
                 "status": Phase.FINISHED.value,
                 "lease_expires_at": None,
                 "not_before": None,
-                "finished_at": now,
+                "finished_at": NOW,
                 "error": None,
                 "error_type": None,
                 "traceback": None,
@@ -440,7 +512,7 @@ class Dialect:
             {
                 "status": Phase.UNFINISHED.value,
                 "lease_expires_at": None,
-                "not_before": self.now() + float(delay),
+                "not_before": Later(delay),
                 "error": None,
                 "error_type": None,
                 "traceback": None,
@@ -466,15 +538,14 @@ class Dialect:
         retry_delay: float | None = None,
     ) -> bool:
         """FAILED, or UNFINISHED for ``retry_delay`` seconds when a retry policy allows."""
-        table = worker.table
         values: dict[str, Any] = {"lease_expires_at": None, **self._error_values(error)}
         if retry_delay is None:
-            values |= {"status": Phase.FAILED.value, "finished_at": self.now()}
+            values |= {"status": Phase.FAILED.value, "finished_at": NOW}
         else:
             values |= {
                 "status": Phase.UNFINISHED.value,
-                "not_before": self.now() + float(retry_delay),
-                "failures": table.c.failures + 1,
+                "not_before": Later(retry_delay),
+                "failures": INCREMENT,
             }
         return self._fenced(conn, worker, Event.FAIL, source_id, token, values)
 

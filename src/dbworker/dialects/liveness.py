@@ -11,6 +11,7 @@ proxy's or the server's idle timeout), before anyone uses it.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -19,6 +20,15 @@ from sqlalchemy.exc import DisconnectionError
 #: A connection idle for longer than this is pinged before it is used.
 IDLE_SECONDS = 1.0
 _RETURNED_AT = "dbworker_returned_at"
+#: Engines whose connections another process used (and returned) at a known time.
+_USED_ELSEWHERE: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
+
+
+def used_elsewhere(engine: Engine, at: float) -> None:
+    """Record that ``engine``'s connections were in use until ``at`` (``time.monotonic()``)
+    by another process sharing them: a forked process inherits the pool as its parent
+    last saw it, while the connection may have served a sibling a moment ago."""
+    _USED_ELSEWHERE[engine] = at
 
 
 def ping_when_idle(engine: Engine, idle_seconds: float | None = None) -> None:
@@ -32,6 +42,8 @@ def ping_when_idle(engine: Engine, idle_seconds: float | None = None) -> None:
     @event.listens_for(engine, "checkout")
     def _checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         returned_at = record.info.get(_RETURNED_AT)
+        if returned_at is not None:
+            returned_at = max(returned_at, _USED_ELSEWHERE.get(engine, returned_at))
         limit = IDLE_SECONDS if idle_seconds is None else idle_seconds
         if returned_at is None or time.monotonic() - returned_at < limit:
             return  # just connected, or in use a moment ago

@@ -12,7 +12,7 @@ import time
 import traceback
 from typing import Any
 
-from sqlalchemy import Engine, Integer, create_engine, inspect
+from sqlalchemy import Engine, Integer, bindparam, create_engine, inspect, select
 from sqlalchemy.orm import Session
 
 from ..core.errors import HandlerContractError
@@ -64,6 +64,7 @@ class Runtime:
         self._tables: dict[tuple[str, type[Any]], WorkerTable] = {}
         #: What ``rehearse`` ran with, per worker, to run again in a fresh process.
         self.rehearsals: dict[str, tuple[type[Any], Any]] = {}
+        self._loaders: dict[type[Any], Any] = {}
 
     @property
     def engine(self) -> Engine:
@@ -139,13 +140,23 @@ class Runtime:
         self.rehearsals[worker] = (source, source_id)
         with HandlerSession(engine or self.engine) as session:
             try:
-                session.get(source, source_id)
+                self.load(session, source, source_id)
                 conn = session.connection()
                 self.dialect.finish(conn, table, source_id, NEVER_ISSUED_TOKEN)
                 self.dialect.unfinish(conn, table, source_id, NEVER_ISSUED_TOKEN, 0.0)
                 session.flush()
             finally:
                 session.rollback()
+
+    def load(self, session: Session, source: type[Any], source_id: Any) -> Any:
+        """The source row as the handler receives it (``session.get``, from a statement
+        built once per process: a forked handler process then builds no SQL)."""
+        statement = self._loaders.get(source)
+        if statement is None:
+            key = inspect(source).primary_key[0]
+            statement = select(source).where(key == bindparam("dbworker_source_id"))
+            self._loaders[source] = statement
+        return session.execute(statement, {"dbworker_source_id": source_id}).scalar()
 
     def dispose(self) -> None:
         if self._engine is not None:
@@ -161,7 +172,7 @@ class Runtime:
         with HandlerSession(self.engine) as session:
             session._dbworker_guarded = True
             try:
-                source = session.get(task.source, task.source_id)
+                source = self.load(session, task.source, task.source_id)
                 if source is None:
                     raise LookupError(
                         f"source row {task.source_id!r} of {task.source.__name__} no longer exists"

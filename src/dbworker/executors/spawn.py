@@ -43,6 +43,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import configure_mappers
 
+from ..dialects.liveness import used_elsewhere
 from .base import ChildConfig, Task
 from .pool import (
     READY,
@@ -142,7 +143,8 @@ def _serve(
                 os.close(channel)
                 continue
             if pid == 0:
-                _forked(channel, runtime, config, [control.fileno(), coordinator, *children], lane)
+                inherited = [control.fileno(), coordinator, *children]
+                _forked(channel, runtime, config, inherited, lane, lanes.returned_at(lane))
             os.close(channel)
             children[os.pidfd_open(pid)] = pid
             lanes.lent_to(pid, lane)
@@ -188,7 +190,8 @@ class _Lanes:
         self.enabled = runtime.dialect.sessions_outlive_processes
         self.free: list[Engine] = []
         self.lent: dict[int, Engine] = {}
-        self.pending: Engine | None = None
+        #: When each free engine's connection was last in use (by the process that had it).
+        self.used_at: dict[Engine, float] = {}
 
     def lend(self, limit: int) -> Engine | None:
         """A connected engine for the next process, or None: it connects itself."""
@@ -205,6 +208,7 @@ class _Lanes:
             self._rehearse(engine)
         except Exception:  # the process connects itself, and meets the error there
             return None
+        _freeze()  # the new engine's objects too: see _freeze
         return engine
 
     def lent_to(self, pid: int, engine: Engine | None) -> None:
@@ -217,8 +221,14 @@ class _Lanes:
             return
         if exitcode == 0:
             self.free.append(engine)
+            # Reset (so alive) as that process exited: the next needs no ping first.
+            self.used_at[engine] = time.monotonic()
         else:
+            self.used_at.pop(engine, None)
             engine.dispose()
+
+    def returned_at(self, engine: Engine | None) -> float | None:
+        return None if engine is None else self.used_at.get(engine)
 
     def learned(self) -> None:
         for engine in self.free:
@@ -236,6 +246,7 @@ def _forked(
     config: ChildConfig,
     inherited: list[int],
     lane: Engine | None,
+    lane_used_at: float | None,
 ) -> None:
     """A handler process: connect (or take over ``lane``'s connection), say ready, run
     one invocation, exit. Never returns."""
@@ -248,6 +259,8 @@ def _forked(
         lent = None
         if lane is not None:
             runtime.use_engine(lane)  # connected, its session warm
+            if lane_used_at is not None:
+                used_elsewhere(lane, lane_used_at)
             lent = _dbapi_connection(lane)  # pinged if it idled: alive, or replaced
         else:
             runtime.connect()  # all else was prepared in the template
