@@ -9,6 +9,7 @@ never a plain fork of the threaded coordinator.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import dataclasses
 import logging
@@ -17,7 +18,6 @@ import os
 import pickle
 import select
 import signal
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,6 +65,13 @@ def describe_exit(exitcode: int | None) -> str:
     return f"the handler process exited with status {exitcode}"
 
 
+def watch_parent(parent_pid: int) -> None:
+    """Exit this process when the coordinator ``parent_pid`` exits (from a thread)."""
+    # A bare thread: threading.Thread's bookkeeping (and its wait for the thread
+    # to start) is a tenth of a spawn-per-task process's start-up.
+    _thread.start_new_thread(_watch_parent, (parent_pid,))
+
+
 def _watch_parent(parent_pid: int) -> None:
     # An orphaned handler would keep running beside the coordinator that takes
     # its item over; its writes would be fenced off, but its side effects not.
@@ -90,7 +97,7 @@ def _watch_parent(parent_pid: int) -> None:
 def child_main(conn: Connection, config: ChildConfig) -> None:
     # Ctrl-C reaches the whole process group; the coordinator decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
+    watch_parent(config.parent_pid)
     runtime = Runtime(config)
     try:
         runtime.warm_up()

@@ -33,7 +33,6 @@ import select
 import signal
 import socket
 import sys
-import threading
 import time
 from collections import OrderedDict
 from multiprocessing.connection import Connection, wait
@@ -49,9 +48,9 @@ from .pool import (
     READY,
     ProcessHandle,
     ProcessPool,
-    _watch_parent,
     default_start_method,
     run_message,
+    watch_parent,
 )
 from .runtime import Runtime
 
@@ -254,7 +253,7 @@ def _forked(
     try:
         for fd in inherited:
             os.close(fd)  # the template's; holding them would hide its exit and theirs
-        threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
+        watch_parent(config.parent_pid)
         conn = Connection(channel)
         lent = None
         if lane is not None:
