@@ -21,12 +21,9 @@ from sqlalchemy import Float, Integer, String, event
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from dbworker import Coordinator, Finished, Outcome, Unfinished
+from runfiles import number_run, wait_for_any, write_atomically
 
 WORKER = "crash"
-
-#: How long a gated run waits for the test before giving up (a failing test must not
-#: leave a handler blocked forever).
-GATE_TIMEOUT_SECONDS = 300.0
 
 # Item modes: what the handler does after announcing its run.
 QUICK = "quick"  # write an effect, Finished
@@ -82,28 +79,12 @@ def marker_path(workdir: str | Path, name: str, item_id: int, run: int) -> Path:
 
 
 def touch(path: Path) -> None:
-    # Write then rename, so a reader never sees a half-written file.
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(str(os.getpid()))
-    partial.replace(path)
+    write_atomically(path, str(os.getpid()))
 
 
 def announce_run(workdir: str, item_id: int) -> int:
-    """Record a new run of ``item_id`` with this process's pid; return its number (1, 2...).
-
-    O_EXCL creation numbers runs atomically even if two processes run the item at once.
-    """
-    run = 1
-    while True:
-        path = run_path(workdir, item_id, run)
-        try:
-            fd = os.open(path.with_name(path.name + ".lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            run += 1
-            continue
-        os.close(fd)
-        touch(path)
-        return run
+    """Record a new run of ``item_id`` with this process's pid; return its number (1, 2...)."""
+    return number_run(lambda run: run_path(workdir, item_id, run), str(os.getpid()))
 
 
 def read_pid(path: Path) -> int:
@@ -111,12 +92,7 @@ def read_pid(path: Path) -> int:
 
 
 def wait_for_gate(workdir: str, item_id: int, run: int) -> None:
-    go = go_path(workdir, item_id, run)
-    deadline = time.monotonic() + GATE_TIMEOUT_SECONDS
-    while not go.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the test never opened {go}")
-        time.sleep(0.02)
+    wait_for_any(go_path(workdir, item_id, run))
 
 
 # -- the handler -----------------------------------------------------------------------

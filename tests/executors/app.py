@@ -34,6 +34,7 @@ from sqlalchemy import Integer, String, Text, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from dbworker import Finished, Outcome, Unfinished
+from runfiles import number_run, wait_for_any
 
 WORKER = "job"
 DEPENDENT = "after_job"
@@ -46,8 +47,6 @@ MARK_ENV = "DBWORKER_TEST_MARK"
 
 #: Longer than any test: a hanging run ends only by being killed.
 HANG_SECONDS = 600.0
-#: A gated run gives up after this long, so a failing test cannot leave it blocked.
-GATE_TIMEOUT_SECONDS = 300.0
 #: Created by the test at teardown: opens every gate at once.
 ALL_GATES = "open-all-gates"
 
@@ -89,38 +88,16 @@ def gate_path(workdir: str | Path, item_id: int, run: int) -> Path:
     return Path(workdir) / f"go-{item_id}-{run}"
 
 
-def touch(path: Path, text: str = "") -> None:
-    # Write then rename, so a reader never sees a half-written file.
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
-
-
 def announce_run(workdir: str, worker: str, item_id: int) -> int:
     """Record a new run with this process's pid; return its number (1, 2, ...).
 
     O_EXCL numbers runs atomically even if two processes ran the item at once.
     """
-    run = 1
-    while True:
-        path = run_path(workdir, worker, item_id, run)
-        try:
-            fd = os.open(path.with_name(path.name + ".lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            run += 1
-            continue
-        os.close(fd)
-        touch(path, str(os.getpid()))
-        return run
+    return number_run(lambda run: run_path(workdir, worker, item_id, run), str(os.getpid()))
 
 
 def wait_for_gate(workdir: str, item_id: int, run: int) -> None:
-    gate, everything = gate_path(workdir, item_id, run), Path(workdir) / ALL_GATES
-    deadline = time.monotonic() + GATE_TIMEOUT_SECONDS
-    while not (gate.exists() or everything.exists()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the test never opened {gate}")
-        time.sleep(0.02)
+    wait_for_any(gate_path(workdir, item_id, run), Path(workdir) / ALL_GATES)
 
 
 def process_facts() -> dict[str, object]:

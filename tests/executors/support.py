@@ -25,6 +25,7 @@ from dbworker import (
 )
 from dbworker.dialects import for_url
 from dbworker.executors import ExecutorChoice
+from runfiles import write_atomically
 from waiting import wait_until
 
 from . import app
@@ -154,7 +155,7 @@ class Rig:
 
     def stop_all(self) -> None:
         # Gated inline handlers cannot be killed: let them finish first.
-        app.touch(self.workdir / app.ALL_GATES)
+        write_atomically(self.workdir / app.ALL_GATES)
         for coordinator in self.coordinators:
             coordinator.stop(timeout=0)
 
@@ -214,7 +215,7 @@ class Rig:
         return int(path.read_text())
 
     def open_gate(self, item_id: int, run: int) -> None:
-        app.touch(app.gate_path(self.workdir, item_id, run))
+        write_atomically(app.gate_path(self.workdir, item_id, run))
 
     def effects(self, worker: str | None = app.WORKER) -> list[EffectRow]:
         query = select(app.Effect).order_by(app.Effect.id)

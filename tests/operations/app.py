@@ -19,10 +19,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from dbworker import Finished, Outcome, Unfinished
 from dbworker.dialects import for_engine
-
-#: How long a gated handler waits for the test before giving up, so a failing test
-#: never leaves a handler process blocked for good.
-GATE_TIMEOUT_SECONDS = 300.0
+from runfiles import number_run, wait_for_any
 
 # What a job's handler does (Job.mode).
 QUICK = "quick"  # write an effect, Finished
@@ -97,37 +94,16 @@ def gate_path(workdir: str | Path, job_id: int) -> Path:
     return Path(workdir) / f"go-{job_id}"
 
 
-def write_atomically(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
-
-
 def announce_run(workdir: str, job_id: int, db_time: float) -> int:
     """Record a run of ``job_id``; return its number (1, 2, ...).
 
     O_EXCL numbers runs atomically even if two processes run the job at once.
     """
-    run = 1
-    while True:
-        path = run_path(workdir, job_id, run)
-        try:
-            fd = os.open(path.with_name(path.name + ".lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            run += 1
-            continue
-        os.close(fd)
-        write_atomically(path, f"{db_time!r} {os.getpid()}")
-        return run
+    return number_run(lambda run: run_path(workdir, job_id, run), f"{db_time!r} {os.getpid()}")
 
 
 def wait_for_gate(workdir: str, job_id: int) -> None:
-    gate = gate_path(workdir, job_id)
-    deadline = time.monotonic() + GATE_TIMEOUT_SECONDS
-    while not gate.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the test never opened {gate}")
-        time.sleep(0.02)
+    wait_for_any(gate_path(workdir, job_id))
 
 
 def db_clock(session: Session) -> float:

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 import waiting
 from dbworker import Coordinator, ExecutionStatus
 from dbworker.dialects import for_url
+from runfiles import write_atomically
 
 from . import app
 
@@ -84,7 +85,7 @@ class Site:
             session.execute(update(app.Job).where(app.Job.id == job_id).values(**values))
 
     def open_gate(self, job_id: int) -> None:
-        app.write_atomically(app.gate_path(self.workdir, job_id), "go")
+        write_atomically(app.gate_path(self.workdir, job_id), "go")
 
     def runs(self, job_id: int) -> list[tuple[float, int]]:
         """(database time, pid) of each run of ``job_id`` that began, in run order."""
