@@ -31,7 +31,9 @@ def wait_until(
             return value
         if time.monotonic() > deadline:
             detail = f"\n{diagnose()}" if diagnose is not None else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}; last seen: {value!r}{detail}"
+            )
         time.sleep(interval)
 
 

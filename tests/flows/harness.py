@@ -1,15 +1,14 @@
 """Test harness for flows that run real coordinators and handler processes.
 
 Shared by tests/flows and tests/test_validation.py. Nothing here asserts on time:
-``wait_for`` polls the database until a condition holds, with a deadline generous
+``waiting.wait_until`` polls the database until a condition holds, with a deadline generous
 enough for a loaded CI machine, and a timeout is reported as a failure that says
 what was awaited and what was seen last.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,45 +17,19 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from dbworker import Coordinator, ExecutionStatus
+from dbworker import Coordinator
+from execution_reads import ExecutionReads
 
 from .app import APP_TABLES, Base, Item
 
 T = TypeVar("T")
 
-#: How long to wait for something that should take a second or two: generous, because
-#: the tests share a small machine with other suites (load averages above 10 happen).
-DEADLINE_SECONDS = 90.0
-POLL_INTERVAL_SECONDS = 0.05
-
 #: Fast polling so tests spend their time working, not sleeping between empty polls.
 FAST = {"poll_seconds": 0.05, "max_poll_seconds": 0.5, "lease_seconds": 10}
 
 
-def wait_for(
-    condition: Callable[[], T],
-    description: str,
-    *,
-    timeout: float = DEADLINE_SECONDS,
-    diagnose: Callable[[], object] | None = None,
-) -> T:
-    """Call ``condition`` until it returns something truthy, and return that."""
-    deadline = time.monotonic() + timeout
-    last: T = condition()
-    while not last:
-        if time.monotonic() >= deadline:
-            extra = f"; {diagnose()}" if diagnose is not None else ""
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {description}; "
-                f"last seen: {last!r}{extra}"
-            )
-        time.sleep(POLL_INTERVAL_SECONDS)
-        last = condition()
-    return last
-
-
 @dataclass
-class Harness:
+class Harness(ExecutionReads):
     """One test's database, application engine, session factory and coordinators."""
 
     url: str
@@ -107,42 +80,8 @@ class Harness:
 
     # -- execution status --------------------------------------------------------------
 
-    def status(self, coordinator: Coordinator, worker: str, item_id: int) -> ExecutionStatus | None:
-        with self.session_factory() as session:
-            return coordinator.execution_status(session, worker=worker, source_id=item_id)
-
-    def state(self, coordinator: Coordinator, worker: str, item_id: int) -> dict[str, Any] | None:
-        with self.session_factory() as session:
-            return coordinator.workers[worker].state(session, item_id)
-
-    def statuses(
-        self, coordinator: Coordinator, worker: str, ids: Iterator[int] | list[int] | range
-    ) -> dict[int, ExecutionStatus | None]:
-        with self.session_factory() as session:
-            return {
-                i: coordinator.execution_status(session, worker=worker, source_id=i) for i in ids
-            }
-
-    def wait_for_status(
-        self,
-        coordinator: Coordinator,
-        worker: str,
-        ids: list[int] | range,
-        status: ExecutionStatus,
-    ) -> None:
-        wanted = list(ids)
-
-        def reached() -> bool:
-            return all(s is status for s in self.statuses(coordinator, worker, wanted).values())
-
-        wait_for(
-            reached,
-            f"{worker} to reach {status.name} for items {wanted}",
-            diagnose=lambda: (
-                f"statuses {self.statuses(coordinator, worker, wanted)}, "
-                f"health {coordinator.health()}, records {self.records(worker)}"
-            ),
-        )
+    def diagnosis(self, worker: str) -> str:
+        return f", records {self.records(worker)}"
 
     def records(self, worker: str) -> list[tuple[Any, ...]]:
         """The raw execution records of ``worker``, for failure messages only."""

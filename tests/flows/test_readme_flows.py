@@ -15,6 +15,8 @@ from sqlalchemy import func, select
 
 from backends import as_pymysql
 from dbworker import Coordinator, ExecutionStatus
+from execution_reads import DEADLINE
+from waiting import wait_until
 
 from .app import (
     Item,
@@ -26,7 +28,7 @@ from .app import (
     slow_handler,
     steps_handler,
 )
-from .harness import Harness, harness, wait_for
+from .harness import Harness, harness
 
 FINISHED, FAILED = ExecutionStatus.FINISHED, ExecutionStatus.FAILED
 
@@ -69,9 +71,10 @@ def run_claim_and_finish(h: Harness, url: str | None = None) -> None:
         return all(row[-1] for row in rows)
 
     coordinator.start()
-    wait_for(
+    wait_until(
         all_finished_consistently,
         "every item FINISHED with its writes",
+        timeout=DEADLINE,
         diagnose=coordinator.health,
     )
     coordinator.stop()
@@ -271,7 +274,7 @@ def test_stop_waits_for_the_running_handler_to_finish(h: Harness) -> None:
     h.insert(2)
     coordinator.create_worker_tables()
     coordinator.start()
-    wait_for(lambda: h.runs("slow", 1) == 1, "the slow handler to start")
+    wait_until(lambda: h.runs("slow", 1) == 1, "the slow handler to start", timeout=DEADLINE)
     assert h.status(coordinator, "slow", 1) is ExecutionStatus.WORKING
 
     coordinator.stop()

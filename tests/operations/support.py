@@ -19,8 +19,9 @@ from sqlalchemy import Engine, create_engine, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 import waiting
-from dbworker import Coordinator, ExecutionStatus
+from dbworker import Coordinator
 from dbworker.dialects import for_url
+from execution_reads import ExecutionReads
 from runfiles import write_atomically
 
 from . import app
@@ -53,7 +54,7 @@ def open_engine(url: str, **options: Any) -> Engine:
 
 
 @dataclass
-class Site:
+class Site(ExecutionReads):
     """One test's database, engine, work directory and coordinators."""
 
     url: str
@@ -104,35 +105,6 @@ class Site:
                 select(app.Effect.job_id, func.count()).group_by(app.Effect.job_id)
             ).all()
         return {int(job_id): int(n) for job_id, n in rows}
-
-    def state(self, coordinator: Coordinator, worker: str, job_id: int) -> dict[str, Any] | None:
-        with self.session_factory() as session:
-            return coordinator.workers[worker].state(session, job_id)
-
-    def statuses(
-        self, coordinator: Coordinator, worker: str, ids: Iterable[int]
-    ) -> dict[int, ExecutionStatus | None]:
-        with self.session_factory() as session:
-            return {
-                i: coordinator.execution_status(session, worker=worker, source_id=i) for i in ids
-            }
-
-    def wait_for_status(
-        self,
-        coordinator: Coordinator,
-        worker: str,
-        ids: Sequence[int],
-        status: ExecutionStatus,
-        timeout: float = DEADLINE,
-    ) -> None:
-        wait_until(
-            lambda: all(s is status for s in self.statuses(coordinator, worker, ids).values()),
-            f"{worker} items {list(ids)} to be {status.name}",
-            timeout,
-            diagnose=lambda: (
-                f"statuses {self.statuses(coordinator, worker, ids)}, health {coordinator.health()}"
-            ),
-        )
 
     def wait_for_runs(self, job_id: int, count: int = 1) -> None:
         wait_until(lambda: len(self.runs(job_id)) >= count, f"run {count} of job {job_id}")
