@@ -61,10 +61,10 @@ class Site(ExecutionReads):
     engine: Engine
     workdir: Path
     coordinators: list[Coordinator] = field(default_factory=list)
+    session_factory: sessionmaker[Session] = field(init=False)
 
-    @property
-    def session_factory(self) -> sessionmaker[Session]:
-        return sessionmaker(self.engine, expire_on_commit=False)
+    def __post_init__(self) -> None:
+        self.session_factory = sessionmaker(self.engine, expire_on_commit=False)
 
     def coordinator(self, **options: Any) -> Coordinator:
         coordinator = Coordinator(

@@ -7,18 +7,21 @@ holds its write lock.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from dbworker import ExecutionStatus, RetryPolicy
+from dbworker import Coordinator, ExecutionStatus, RetryPolicy
 
 from . import app
 from .servers import PrivateServer
 from .support import (
+    Site,
     capture_dbworker_logs,
     check_item_records,
     open_engine,
@@ -108,6 +111,29 @@ def test_database_restart_with_handlers_in_flight(
         check_item_records(logs.snapshot())
 
 
+@contextlib.contextmanager
+def _write_locked(path: Path) -> Iterator[None]:
+    """SQLite's write lock held by a connection outside dbworker, for the block."""
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+
+
+def _two_running_six_waiting(s: Site, coordinator: Coordinator) -> tuple[list[int], list[int]]:
+    """Start ``coordinator`` with two jobs running (held at their gates) and six waiting."""
+    coordinator.create_worker_tables()
+    running = s.add_jobs([1, 2], app.RELEASE)
+    waiting = s.add_jobs(range(3, 9), app.QUICK)
+    coordinator.start()
+    for job_id in running:
+        s.wait_for_runs(job_id)
+    return running, waiting
+
+
 def test_sqlite_write_lock_held_by_another_connection(tmp_path: Path) -> None:
     """A writer outside dbworker holds SQLite's lock for a while (shorter than the busy
     timeout): claims, renewals and handlers wait, then everything completes."""
@@ -116,24 +142,14 @@ def test_sqlite_write_lock_held_by_another_connection(tmp_path: Path) -> None:
     with site(url, tmp_path / "work") as s:
         coordinator = s.coordinator()
         coordinator.transactional_worker(name=WORKER, source=app.Job, concurrency=2)(app.run_job)
-        coordinator.create_worker_tables()
-        running = s.add_jobs([1, 2], app.RELEASE)
-        waiting = s.add_jobs(range(3, 9), app.QUICK)
-        coordinator.start()
-        for job_id in running:
-            s.wait_for_runs(job_id)
+        running, waiting = _two_running_six_waiting(s, coordinator)
 
         with watch_health(coordinator) as health:
-            blocker = sqlite3.connect(path, isolation_level=None)
-            try:
-                blocker.execute("BEGIN IMMEDIATE")
+            with _write_locked(path):
                 for job_id in running:
                     s.open_gate(job_id)
                 # The handlers, claims and renewals now wait on the lock.
                 time.sleep(3)
-            finally:
-                blocker.execute("ROLLBACK")
-                blocker.close()
             s.wait_for_status(coordinator, WORKER, running + waiting, ExecutionStatus.FINISHED)
         assert s.effects() == dict.fromkeys(running + waiting, 1)
         # Waiting within the busy timeout is not an error.
@@ -156,23 +172,13 @@ def test_sqlite_lock_held_past_a_short_busy_timeout(tmp_path: Path) -> None:
             concurrency=2,
             retry=RetryPolicy(max_retries=5, base_delay=0.2, retry_on=(sa_exc.OperationalError,)),
         )(app.run_job)
-        coordinator.create_worker_tables()
-        running = s.add_jobs([1, 2], app.RELEASE)
-        waiting = s.add_jobs(range(3, 9), app.QUICK)
-        coordinator.start()
-        for job_id in running:
-            s.wait_for_runs(job_id)
+        running, waiting = _two_running_six_waiting(s, coordinator)
 
         with watch_health(coordinator) as health:
-            blocker = sqlite3.connect(path, isolation_level=None)
-            try:
-                blocker.execute("BEGIN IMMEDIATE")
+            with _write_locked(path):
                 for job_id in running:
                     s.open_gate(job_id)
                 wait_until(lambda: health.saw_outage, "health() to report the locked database")
-            finally:
-                blocker.execute("ROLLBACK")
-                blocker.close()
             s.wait_for_status(coordinator, WORKER, running + waiting, ExecutionStatus.FINISHED)
             wait_until(lambda: coordinator.health().database_ok, "health() to recover")
         assert any("locked" in error for error in health.errors), health.errors
