@@ -139,8 +139,9 @@ def measure(url: str, executor: str, args: argparse.Namespace) -> dict[str, Any]
         table = coordinator.workers[WORKER].table.table
         # Registration put the execution table in Base.metadata: drop both, so every
         # run starts from empty tables even in a reused database.
-        Base.metadata.drop_all(engine, tables=[table, BenchItem.__table__])
-        Base.metadata.create_all(engine, tables=[BenchItem.__table__])
+        items = Base.metadata.tables[BenchItem.__tablename__]
+        Base.metadata.drop_all(engine, tables=[table, items])
+        Base.metadata.create_all(engine, tables=[items])
         coordinator.create_worker_tables()
         coordinator.start()
         try:

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import Engine
 
 from dbworker import ExecutionStatus
+from waiting import wait_until
 
 from . import app
 from .conftest import CoordinatorFactory
@@ -24,7 +25,6 @@ from .support import (
     state,
     status,
     unfinished_states,
-    wait_until,
 )
 
 ITEMS = 30

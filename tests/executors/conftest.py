@@ -22,7 +22,9 @@ def rig(database_url: str, tmp_path: Path) -> Iterator[Rig]:
     engine = open_engine(database_url)
     workdir = tmp_path / "work"
     workdir.mkdir()
-    app.Base.metadata.create_all(engine, tables=[app.Item.__table__, app.Effect.__table__])
+    app.Base.metadata.create_all(
+        engine, tables=[app.Base.metadata.tables[m.__tablename__] for m in (app.Item, app.Effect)]
+    )
     value = Rig(database_url, engine, workdir)
     try:
         yield value

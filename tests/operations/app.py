@@ -65,7 +65,7 @@ class Effect(Base):
     run: Mapped[int] = mapped_column(Integer)
 
 
-APP_TABLES = [Job.__table__, Effect.__table__]
+APP_TABLES = [Base.metadata.tables[model.__tablename__] for model in (Job, Effect)]
 
 
 class DocumentBase(DeclarativeBase):

@@ -26,7 +26,9 @@ TABLE = f"dbworker_{WORKER}"
 @pytest.fixture
 def engine(database_url: str) -> Iterator[Engine]:
     engine = create_engine(database_url)
-    app.DocumentBase.metadata.create_all(engine, tables=[app.Document.__table__])
+    app.DocumentBase.metadata.create_all(
+        engine, tables=[app.DocumentBase.metadata.tables[app.Document.__tablename__]]
+    )
     yield engine
     engine.dispose()
 

@@ -22,7 +22,7 @@ def outcomes(records: list[logging.LogRecord]) -> set[tuple[int, int, str]]:
     for record in records:
         match = OUTCOME.search(record.getMessage())
         if match:
-            found.add((record.source_id, record.attempt, match.group(1)))
+            found.add((record.__dict__["source_id"], record.__dict__["attempt"], match.group(1)))
     return found
 
 
@@ -46,7 +46,7 @@ def test_inline_outcomes_carry_item_context(ops: Site, caplog: pytest.LogCapture
     coordinator.stop()
 
     items = check_item_records(caplog.records)
-    assert {record.worker for record in items} == {"logged"}
+    assert {record.__dict__["worker"] for record in items} == {"logged"}
     assert outcomes(items) == {
         (1, 1, "finished"),
         (2, 1, "unfinished"),
@@ -97,7 +97,7 @@ def test_process_trouble_carries_item_context(ops: Site, caplog: pytest.LogCaptu
     items = check_item_records(caplog.records)
 
     def said(source_id: int, text: str) -> bool:
-        return any(r.source_id == source_id and text in r.getMessage() for r in items)
+        return any(r.__dict__["source_id"] == source_id and text in r.getMessage() for r in items)
 
     assert said(1, "timed out after 1.0s")
     assert said(2, "killed by SIGKILL")

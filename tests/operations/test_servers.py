@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from backends import DEFAULT_URLS
+from backends import DEFAULT_URLS, ServerBackend
 
 from .servers import PrivateServer
 
@@ -23,7 +23,7 @@ def rows(server: PrivateServer) -> list[int]:
 
 
 @pytest.mark.backends("postgresql", "mysql")
-def test_stop_kill_and_restart(private_server: PrivateServer, backend: str) -> None:
+def test_stop_kill_and_restart(private_server: PrivateServer, backend: ServerBackend) -> None:
     shared = make_url(DEFAULT_URLS[backend])
     assert make_url(private_server.url).port != shared.port
 
