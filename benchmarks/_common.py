@@ -1,12 +1,16 @@
-"""Scratch databases and machine facts shared by the benchmarks."""
+"""What the benchmarks share: scratch databases, machine facts, arguments and reports."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import datetime as dt
+import json
 import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -110,3 +114,54 @@ def summarize(seconds: Sequence[float]) -> dict[str, Any]:
         "min_ms": round(ms[0], 4),
         "max_ms": round(ms[-1], 4),
     }
+
+
+def csv(text: str) -> list[str]:
+    """A comma-separated command-line value, as a list."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _dialect_list(text: str) -> list[str]:
+    names = csv(text)
+    unknown = sorted(set(names) - set(DIALECTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown dialects {unknown}; choose from {DIALECTS}")
+    return names
+
+
+def add_dialects_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dialects",
+        type=_dialect_list,
+        default=list(DIALECTS),
+        help="comma-separated: " + ",".join(DIALECTS),
+    )
+
+
+def new_report(benchmark: str, argv: Sequence[str] | None) -> dict[str, Any]:
+    """A result file's header: which benchmark, run how, when, on what."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    return {
+        "benchmark": benchmark,
+        "command": " ".join([f"python -m benchmarks.{benchmark}", *arguments]),
+        "started_at": now_iso(),
+        "machine": machine_info(),
+    }
+
+
+def log(message: str) -> None:
+    """Progress on stderr, stamped with the local time (stdout stays for results)."""
+    print(f"[{dt.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """Write ``report`` as JSON, whole or not at all (a reader never sees half of it)."""
+    report["finished_at"] = now_iso()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    partial.replace(path)

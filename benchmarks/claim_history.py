@@ -37,9 +37,7 @@ Run: ``python -m benchmarks.claim_history --help``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import functools
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -58,12 +56,15 @@ from dbworker.dialects.registry import for_url
 from dbworker.schema import execution_table
 
 from ._common import (
-    DIALECTS,
     RESULTS_DIR,
-    machine_info,
+    add_dialects_argument,
+    csv,
+    log,
+    new_report,
     scratch_database,
     server_version,
     summarize,
+    write_report,
 )
 
 #: Open work lives far above any history key, so history can grow beneath it.
@@ -129,10 +130,6 @@ def parse_size(text: str) -> int:
         if text.endswith(suffix):
             return int(float(text[:-1]) * factor)
     return int(text)
-
-
-def csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 # -- loading ---------------------------------------------------------------------------
@@ -497,21 +494,12 @@ def brief(figures: dict[str, Any], limits: list[int]) -> str:
     return ", ".join(parts)
 
 
-def log(message: str) -> None:
-    print(f"[{dt.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.claim_history",
         description="Claim and discovery latency against the size of a worker's history.",
     )
-    parser.add_argument(
-        "--dialects",
-        type=csv,
-        default=list(DIALECTS),
-        help="comma-separated: sqlite,postgresql,mysql",
-    )
+    add_dialects_argument(parser)
     parser.add_argument(
         "--sizes",
         type=csv,
@@ -538,20 +526,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.sizes = sorted(parse_size(s) for s in args.sizes)
     args.limits = [int(n) for n in args.limits]
-    for name in args.dialects:
-        if name not in DIALECTS:
-            parser.error(f"unknown dialect {name!r}; choose from {', '.join(DIALECTS)}")
     for mode in args.stats:
         if mode not in STATS_MODES:
             parser.error(f"unknown stats mode {mode!r}; choose from {', '.join(STATS_MODES)}")
 
-    report: dict[str, Any] = {
-        "benchmark": "claim_history",
-        "command": " ".join(
-            ["python -m benchmarks.claim_history", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+    report: dict[str, Any] = new_report("claim_history", argv) | {
         "config": {
             "dialects": args.dialects,
             "sizes": args.sizes,
@@ -579,9 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                 ratio = outcome["ratios"][f"claim_limit_{limit}_p50"]
                 verdicts[f"{backend}/{mode}/limit_{limit}"] = ratio <= args.target_ratio
     report["verdicts"] = verdicts
-    report["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_report(args.output, report)
     log(f"wrote {args.output}")
     for key, ok in verdicts.items():
         log(f"{key}: {'meets' if ok else 'MISSES'} the target")

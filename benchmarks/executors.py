@@ -30,8 +30,6 @@ Run: ``python -m benchmarks.executors --help`` (from the repository root).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -40,33 +38,28 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Integer, func, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy import func, select
+from sqlalchemy.orm import sessionmaker
 
-from dbworker import Coordinator, Finished, Inline, Pool, SpawnPerTask, Subprocess
+from dbworker import Coordinator, Inline, Pool, SpawnPerTask, Subprocess
 from dbworker.dialects import for_url
 from dbworker.executors import ExecutorChoice
 
-from ._common import DIALECTS, RESULTS_DIR, machine_info, scratch_database, server_version
+from ._common import (
+    RESULTS_DIR,
+    add_dialects_argument,
+    csv,
+    new_report,
+    scratch_database,
+    server_version,
+    write_report,
+)
+from .noop_work import ITEMS_TABLE, Base, NoopItem, insert_items, noop
 
 EXECUTORS = ("pool", "spawn", "subprocess", "inline")
 WORKER = "bench_noop"
 #: How long one batch may take before the benchmark gives up on it.
 BATCH_DEADLINE_SECONDS = 600.0
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class BenchItem(Base):
-    __tablename__ = "bench_items"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-
-
-def noop(source: BenchItem, session: Session) -> Finished:
-    return Finished()
 
 
 def make_choice(name: str) -> ExecutorChoice:
@@ -88,14 +81,6 @@ def open_engine(url: str) -> sa.Engine:
     engine = sa.create_engine(url, **dialect.coordinator_engine_options())
     dialect.configure_engine(engine)
     return engine
-
-
-def insert_items(engine: sa.Engine, first: int, count: int) -> float:
-    """Insert ids first..first+count-1 in one transaction; return the epoch time before."""
-    started = time.time()
-    with engine.begin() as conn:
-        conn.execute(sa.insert(BenchItem), [{"id": i} for i in range(first, first + count)])
-    return started
 
 
 def wait_finished(engine: sa.Engine, table: sa.Table, total: int, coordinator: Coordinator) -> None:
@@ -134,14 +119,13 @@ def measure(url: str, executor: str, args: argparse.Namespace) -> dict[str, Any]
             executor=make_choice(executor),
         )
         coordinator.transactional_worker(
-            name=WORKER, source=BenchItem, concurrency=args.concurrency
+            name=WORKER, source=NoopItem, concurrency=args.concurrency
         )(noop)
         table = coordinator.workers[WORKER].table.table
         # Registration put the execution table in Base.metadata: drop both, so every
         # run starts from empty tables even in a reused database.
-        items = Base.metadata.tables[BenchItem.__tablename__]
-        Base.metadata.drop_all(engine, tables=[table, items])
-        Base.metadata.create_all(engine, tables=[items])
+        Base.metadata.drop_all(engine, tables=[table, ITEMS_TABLE])
+        Base.metadata.create_all(engine, tables=[ITEMS_TABLE])
         coordinator.create_worker_tables()
         coordinator.start()
         try:
@@ -212,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.executors", description=__doc__.split("\n\n")[0]
     )
-
-    def csv(text: str) -> list[str]:
-        return [part.strip() for part in text.split(",") if part.strip()]
-
-    parser.add_argument("--dialects", type=csv, default=list(DIALECTS))
+    add_dialects_argument(parser)
     parser.add_argument("--executors", type=csv, default=list(EXECUTORS))
     parser.add_argument("--items", type=int, default=300, help="timed items per run")
     parser.add_argument("--warmup", type=int, default=20, help="untimed items first")
@@ -232,10 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name in args.executors:
         make_choice(name)  # reject unknown names before any database work
-    unknown = set(args.dialects) - set(DIALECTS)
-    if unknown:
-        parser.error(f"unknown dialects {sorted(unknown)}; use {list(DIALECTS)}")
 
+    report = new_report("executors", argv)
     results: dict[str, Any] = {}
     for backend in args.dialects:
         results[backend] = run_database(backend, args)
@@ -250,11 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         for backend, summary in results.items()
         if "spawn" in summary["best"]
     }
-    report = {
-        "benchmark": "executors",
-        "command": "python -m benchmarks.executors " + " ".join(argv or sys.argv[1:]),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+    report |= {
         "load_average_after": [round(x, 2) for x in load],
         "settings": {
             "items": args.items,
@@ -266,10 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "acceptance": verdicts,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.output.with_name(args.output.name + ".tmp")
-    partial.write_text(json.dumps(report, indent=2) + "\n")
-    partial.replace(args.output)
+    write_report(args.output, report)
     print(f"wrote {args.output}")
     for backend, verdict in verdicts.items():
         print(

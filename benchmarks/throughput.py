@@ -22,53 +22,37 @@ Run: ``python -m benchmarks.throughput --help``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Integer, func, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy import func, select
+from sqlalchemy.orm import sessionmaker
 
-from dbworker import Coordinator, Finished
+from dbworker import Coordinator
 from dbworker.dialects import for_url
 
-from ._common import DIALECTS, RESULTS_DIR, machine_info, scratch_database, server_version
+from ._common import (
+    RESULTS_DIR,
+    add_dialects_argument,
+    log,
+    new_report,
+    scratch_database,
+    server_version,
+    write_report,
+)
+from .noop_work import ITEMS_TABLE, Base, NoopItem, insert_items, noop
 
 WORKER = "bench_throughput"
 REDIS_URL = os.environ.get("DBWORKER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class ThroughputItem(Base):
-    __tablename__ = "bench_throughput_items"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-
-
-def noop(source: ThroughputItem, session: Session) -> Finished:
-    return Finished()
-
-
-def log(message: str) -> None:
-    print(f"[{dt.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
-
-
 # -- dbworker ------------------------------------------------------------------------------
-
-
-def _insert(engine: sa.Engine, first: int, count: int) -> None:
-    with engine.begin() as conn:
-        conn.execute(sa.insert(ThroughputItem), [{"id": i} for i in range(first, first + count)])
 
 
 def _wait_finished(
@@ -102,22 +86,22 @@ def run_dbworker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
                 max_poll_seconds=0.05,
             )
             coordinator.transactional_worker(
-                name=WORKER, source=ThroughputItem, concurrency=args.concurrency
+                name=WORKER, source=NoopItem, concurrency=args.concurrency
             )(noop)
             table = coordinator.workers[WORKER].table.table
-            Base.metadata.create_all(engine, tables=[cast(sa.Table, ThroughputItem.__table__)])
+            Base.metadata.create_all(engine, tables=[ITEMS_TABLE])
             coordinator.create_worker_tables()
             poll = args.poll_ms / 1000
             coordinator.start()
             try:
-                _insert(engine, 1, args.warmup)
+                insert_items(engine, 1, args.warmup)
                 _, warm = _wait_finished(
                     engine, table, args.warmup, poll, time.monotonic() + args.timeout
                 )
                 if warm < args.warmup:
                     raise TimeoutError(f"only {warm} of {args.warmup} warm-up items finished")
                 start = time.perf_counter()
-                _insert(engine, args.warmup + 1, args.items)
+                insert_items(engine, args.warmup + 1, args.items)
                 end, done = _wait_finished(
                     engine,
                     table,
@@ -221,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.throughput",
         description="No-op throughput of dbworker on each database against Celery + Redis.",
     )
-    parser.add_argument("--dialects", default=",".join(DIALECTS))
+    add_dialects_argument(parser)
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
@@ -239,18 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-celery", dest="celery", action="store_false")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "throughput.json")
     args = parser.parse_args(argv)
-    dialects = [d.strip() for d in args.dialects.split(",") if d.strip()]
-    for name in dialects:
-        if name not in DIALECTS:
-            parser.error(f"unknown dialect {name!r}; choose from {', '.join(DIALECTS)}")
+    dialects: list[str] = args.dialects
 
-    report: dict[str, Any] = {
-        "benchmark": "throughput",
-        "command": " ".join(
-            ["python -m benchmarks.throughput", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+    report: dict[str, Any] = new_report("throughput", argv) | {
         "config": {
             "items": args.items,
             "max_seconds_per_database": args.max_seconds,
@@ -280,9 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         }
     report["total_seconds"] = round(time.perf_counter() - started, 1)
-    report["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     log(f"wrote {args.output} ({report['total_seconds']} s)")
     for key, ratio in report.get("ratios", {}).items():
         if key != "of":
