@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery  # type: ignore[import-untyped]
+from celery import Celery
 
 REDIS_URL = os.environ.get("DBWORKER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -131,7 +131,7 @@ def run_dbworker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_celery(args: argparse.Namespace) -> dict[str, Any]:
-    from celery import group  # type: ignore[import-untyped]
+    from celery import group
 
     from . import celery_app
 
