@@ -173,9 +173,7 @@ class Dialect:
         # SQL expressions are immutable, and building them is most of a claim's
         # Python time: the clock and each table's claim condition are built once.
         self._db_clock: ColumnElement[float] | None = None
-        self._claimable: dict[Table, ColumnElement[bool]] = {}
-        self._claim_updates: dict[tuple[Table, float, Owner], Any] = {}
-        self._fenced_updates: dict[tuple[Table, Event, tuple[tuple[str, str], ...]], Any] = {}
+        self._built: dict[tuple[Any, ...], Any] = {}
 
     # -- configuration -------------------------------------------------------------
 
@@ -232,6 +230,16 @@ class Dialect:
 
     def db_now(self) -> ColumnElement[float]:  # pragma: no cover - every dialect overrides
         raise NotImplementedError
+
+    def _built_once(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """``build()``'s SQL, kept under ``key`` while "now" is the database's clock (a
+        test clock's is a literal that changes, so its SQL is built each time)."""
+        if self.clock is not None:
+            return build()
+        built = self._built.get(key)
+        if built is None:
+            built = self._built[key] = build()
+        return built
 
     # -- discovery -----------------------------------------------------------------
 
@@ -296,10 +304,10 @@ class Dialect:
     def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         """SQL for ``core.transitions.Record.claimable``: CLAIM or TAKEOVER is legal now."""
         if now is self._db_clock:
-            cached = self._claimable.get(table)
-            if cached is None:
-                cached = self._claimable[table] = self._claimable_at(table, now)
-            return cached
+            built: ColumnElement[bool] = self._built_once(
+                ("claimable", table), lambda: self._claimable_at(table, now)
+            )
+            return built
         return self._claimable_at(table, now)
 
     def _claimable_at(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
@@ -349,7 +357,10 @@ class Dialect:
         locked = self.lock_candidates(conn, worker, eligible, limit)
         if not locked:
             return []
-        statement = self._claim_update(worker.table, lease_seconds, owner)
+        statement = self._built_once(
+            ("claim", worker.table, lease_seconds, owner),
+            lambda: self._claim_update(worker.table, lease_seconds, owner),
+        )
         conn.execute(statement, {"ids": [c.source_id for c in locked]})
         # The caller decides on max_crashes from the claim, so report the count as
         # the UPDATE above stored it: the locked status is the one its CASE read.
@@ -365,13 +376,9 @@ class Dialect:
         ]
 
     def _claim_update(self, table: Table, lease_seconds: float, owner: Owner) -> Any:
-        """The UPDATE that claims the locked records ``ids``: built once per table."""
-        key = (table, lease_seconds, owner)
-        cached = self._claim_updates.get(key) if self.clock is None else None
-        if cached is not None:
-            return cached
+        """The UPDATE that claims the locked records ``ids``."""
         now = self.now()
-        statement = (
+        return (
             update(table)
             .where(table.c.source_id.in_(bindparam("ids", expanding=True)))
             # MySQL evaluates SET left to right with already-updated values, so
@@ -394,9 +401,6 @@ class Dialect:
                 (table.c.owner_pid, owner.pid),
             )
         )
-        if self.clock is None:
-            self._claim_updates[key] = statement
-        return statement
 
     # -- fenced transitions ----------------------------------------------------------
 
@@ -418,19 +422,19 @@ class Dialect:
         """
         table = worker.table
         shape = tuple((name, _value_kind(value)) for name, value in values.items())
-        cacheable = self.clock is None and "sql" not in (kind for _, kind in shape)
-        key = (table, event, shape)
-        statement = self._fenced_updates.get(key) if cacheable else None
-        if statement is None:
-            statement = self._fenced_update(table, event, values)
-            if cacheable:
-                self._fenced_updates[key] = statement
         params = {"fence_source_id": source_id, "fence_token": token}
-        for name, value in values.items():
-            if isinstance(value, Later):
+        for (name, kind), value in zip(shape, values.values(), strict=True):
+            if kind == "later":
                 params[f"set_{name}"] = float(value.seconds)
-            elif _value_kind(value) == "value":
+            elif kind == "value":
                 params[f"set_{name}"] = value
+        if any(kind == "sql" for _, kind in shape):
+            statement = self._fenced_update(table, event, values)
+        else:
+            statement = self._built_once(
+                ("fenced", table, event, shape),
+                lambda: self._fenced_update(table, event, values),
+            )
         return conn.execute(statement, params).rowcount == 1
 
     def _fenced_update(self, table: Table, event: Event, values: Mapping[str, Any]) -> Any:

@@ -96,9 +96,6 @@ class Runtime:
         assert self._dialect is not None
         return self._dialect
 
-    def worker_table(self, task: Task) -> WorkerTable:
-        return self.prepare(task.worker, task.source)
-
     def prepare(self, worker: str, source: type[Any]) -> WorkerTable:
         """The worker's execution table, built once per process."""
         key = (worker, source)
@@ -140,7 +137,7 @@ class Runtime:
         self.rehearsals[worker] = (source, source_id)
         with HandlerSession(engine or self.engine) as session:
             try:
-                self.load(session, source, source_id)
+                self.load(session, table, source, source_id)
                 conn = session.connection()
                 self.dialect.finish(conn, table, source_id, NEVER_ISSUED_TOKEN)
                 self.dialect.unfinish(conn, table, source_id, NEVER_ISSUED_TOKEN, 0.0)
@@ -148,13 +145,19 @@ class Runtime:
             finally:
                 session.rollback()
 
-    def load(self, session: Session, source: type[Any], source_id: Any) -> Any:
+    def rehearse_all(self, engine: Engine | None = None) -> None:
+        """``rehearse`` again each worker rehearsed so far (on ``engine``, e.g. another
+        connection); a failure is left for the invocation that meets it."""
+        for worker, (source, source_id) in self.rehearsals.items():
+            with contextlib.suppress(Exception):
+                self.rehearse(worker, source, source_id, engine)
+
+    def load(self, session: Session, worker: WorkerTable, source: type[Any], source_id: Any) -> Any:
         """The source row as the handler receives it (``session.get``, from a statement
         built once per process: a forked handler process then builds no SQL)."""
         statement = self._loaders.get(source)
         if statement is None:
-            key = inspect(source).primary_key[0]
-            statement = select(source).where(key == bindparam("dbworker_source_id"))
+            statement = select(source).where(worker.source_pk == bindparam("dbworker_source_id"))
             self._loaders[source] = statement
         return session.execute(statement, {"dbworker_source_id": source_id}).scalar()
 
@@ -168,11 +171,11 @@ class Runtime:
         return _with_duration(result, time.monotonic() - started)
 
     def _run(self, task: Task) -> Result:
-        worker = self.worker_table(task)
+        worker = self.prepare(task.worker, task.source)
         with HandlerSession(self.engine) as session:
             session._dbworker_guarded = True
             try:
-                source = self.load(session, task.source, task.source_id)
+                source = self.load(session, worker, task.source, task.source_id)
                 if source is None:
                     raise LookupError(
                         f"source row {task.source_id!r} of {task.source.__name__} no longer exists"

@@ -204,7 +204,7 @@ class _Lanes:
             engine = self.runtime.new_engine()
             with engine.connect():
                 pass
-            self._rehearse(engine)
+            self.runtime.rehearse_all(engine)
         except Exception:  # the process connects itself, and meets the error there
             return None
         _freeze()  # the new engine's objects too: see _freeze
@@ -231,12 +231,7 @@ class _Lanes:
 
     def learned(self) -> None:
         for engine in self.free:
-            self._rehearse(engine)
-
-    def _rehearse(self, engine: Engine) -> None:
-        for worker, (source, source_id) in self.runtime.rehearsals.items():
-            with contextlib.suppress(Exception):
-                self.runtime.rehearse(worker, source, source_id, engine)
+            self.runtime.rehearse_all(engine)
 
 
 def _forked(
@@ -267,9 +262,7 @@ def _forked(
             # Once more, on this process's own connection and before it says ready:
             # the server loads what these statements need into the new session now,
             # off the item's time.
-            for worker, (source, source_id) in runtime.rehearsals.items():
-                with contextlib.suppress(Exception):
-                    runtime.rehearse(worker, source, source_id)
+            runtime.rehearse_all()
         try:
             conn.send((READY, os.getpid()))
             message = conn.recv()
@@ -286,9 +279,10 @@ def _forked(
             # as new; if that fails, the exit status tells the template to close it.
             with runtime.engine.connect() as db:
                 runtime.dialect.reset_session(db)
-            # A connection the pool replaced (the lent one had died) is this process's
-            # alone; the template must not lend its dead one again.
-            status = 0 if _dbapi_connection(lane) is lent else LANE_REPLACED
+                # A connection the pool replaced (the lent one had died) is this
+                # process's alone; the template must not lend its dead one again.
+                kept = db.connection.dbapi_connection is lent
+            status = 0 if kept else LANE_REPLACED
     except BaseException:
         with contextlib.suppress(Exception):
             import traceback
