@@ -39,6 +39,8 @@ from typing import Literal
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from waiting import pid_alive, wait_until
+
 StopMode = Literal["fast", "immediate"]
 
 DATABASE = "ops"
@@ -77,20 +79,12 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2 :].split()[0] not in ("Z", "X")
-
-
 def _wait_gone(pids: list[int], what: str) -> None:
-    deadline = time.monotonic() + SERVER_WAIT_SECONDS
-    while any(_alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: processes {pids} still alive")
-        time.sleep(0.05)
+    wait_until(
+        lambda: not any(pid_alive(pid) for pid in pids),
+        f"{what}: processes {pids} to exit",
+        timeout=SERVER_WAIT_SECONDS,
+    )
 
 
 class PrivateServer(ABC):
@@ -321,7 +315,7 @@ class PostgreSQLServer(PrivateServer):
             pid = int((self.data / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return []
-        return [pid] if _alive(pid) else []
+        return [pid] if pid_alive(pid) else []
 
     def _after_kill(self) -> None:
         # The killed postmaster is not our child (pg_ctl detaches it) and may stay a
