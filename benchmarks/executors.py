@@ -121,7 +121,7 @@ def measure(url: str, executor: str, args: argparse.Namespace) -> dict[str, Any]
         coordinator.transactional_worker(
             name=WORKER, source=NoopItem, concurrency=args.concurrency
         )(noop)
-        table = coordinator.workers[WORKER].table.table
+        table = coordinator.workers[WORKER].execution_table
         # Registration put the execution table in Base.metadata: drop both, so every
         # run starts from empty tables even in a reused database.
         Base.metadata.drop_all(engine, tables=[table, ITEMS_TABLE])

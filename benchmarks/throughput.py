@@ -88,7 +88,7 @@ def run_dbworker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
             coordinator.transactional_worker(
                 name=WORKER, source=NoopItem, concurrency=args.concurrency
             )(noop)
-            table = coordinator.workers[WORKER].table.table
+            table = coordinator.workers[WORKER].execution_table
             Base.metadata.create_all(engine, tables=[ITEMS_TABLE])
             coordinator.create_worker_tables()
             poll = args.poll_ms / 1000

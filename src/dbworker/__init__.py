@@ -14,6 +14,7 @@ from .core.status import ExecutionStatus
 from .core.timing import RetryPolicy
 from .drain import DrainedItem, DrainReport
 from .executors import Inline, Pool, SpawnPerTask, Subprocess
+from .health import Health
 from .worker import Worker
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Finished",
     "HandlerContractError",
     "HandlerTimeout",
+    "Health",
     "Inline",
     "Outcome",
     "Pool",

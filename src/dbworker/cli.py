@@ -96,7 +96,7 @@ def cmd_run(coordinator: Coordinator, args: argparse.Namespace) -> int:
 
 def cmd_create_tables(coordinator: Coordinator, args: argparse.Namespace) -> int:
     coordinator.create_worker_tables()
-    names = [f"dbworker_{name}" for name in coordinator.workers]
+    names = [worker.execution_table.name for worker in coordinator.workers.values()]
     if args.json:
         print(json.dumps({"tables": names}))
     else:
@@ -161,7 +161,8 @@ def cmd_retry(coordinator: Coordinator, args: argparse.Namespace) -> int:
         if args.all:
             ids = [item["source_id"] for item in worker.failed(session)]
         else:
-            ids = [worker.source_id_from_text(text) for text in args.ids]
+            parse = coordinator._registration(args.worker).source_id_from_text
+            ids = [parse(text) for text in args.ids]
         reset = [source_id for source_id in ids if worker.reset_failed(session, source_id)]
         session.commit()
     skipped = [source_id for source_id in ids if source_id not in reset]

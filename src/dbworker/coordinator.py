@@ -19,17 +19,18 @@ from .core.status import ExecutionStatus
 from .core.timing import PollBackoff, RetryPolicy, Timings, require_positive
 from .dialects import Dialect, Owner, for_url
 from .drain import DEFAULT_MAX_INVOCATIONS, DrainReport, drain
-from .executors import ChildConfig, Executor, ExecutorChoice
+from .executors import Executor, ExecutorChoice
 from .executors import resolve as resolve_executor
-from .executors.runtime import Runtime
-from .scheduler import Health, Lane, Scheduler
-from .schema import expected_columns
+from .health import Health
+from .invocation import ChildConfig, ProcessRunner
+from .scheduling import Scheduler, WorkerState
+from .schema import PRELOAD_MODULES, expected_columns
 from .worker import (
     DEFAULT_MAX_CRASHES,
     Eligible,
+    Registration,
     Worker,
     check_concurrency,
-    check_executor,
     check_importable,
     check_picklable,
     source_mapper,
@@ -68,12 +69,12 @@ class Coordinator:
             raise ConfigurationError("engine_options must be a mapping of create_engine() options")
         self.session_factory = session_factory
         self.engine_options: dict[str, Any] = dict(engine_options or {})
-        self.timings = Timings(lease_seconds, poll_seconds, max_poll_seconds)
-        self.executor = resolve_executor(executor)
-        self.dialect: Dialect = for_url(self._url)
-        self.dialect.validate_url(self._url)
+        self._timings = Timings(lease_seconds, poll_seconds, max_poll_seconds)
+        self._executor_choice = resolve_executor(executor)
+        self._dialect: Dialect = for_url(self._url)
+        self._dialect.validate_url(self._url)
         self._check_same_database()
-        self._workers: dict[str, Worker] = {}
+        self._workers: dict[str, Registration] = {}
         self._lock = threading.Lock()
         self._scheduler: Scheduler | None = None
         self._engine: Engine | None = None
@@ -87,6 +88,18 @@ class Coordinator:
         """Registered workers by name (read-only); an unknown name raises
         UnknownWorkerError (a KeyError) naming the registered ones."""
         return _Workers(self._workers)
+
+    @property
+    def lease_seconds(self) -> float:
+        return self._timings.lease_seconds
+
+    @property
+    def poll_seconds(self) -> float:
+        return self._timings.poll_seconds
+
+    @property
+    def max_poll_seconds(self) -> float:
+        return self._timings.max_poll_seconds
 
     # -- registration ------------------------------------------------------------------
 
@@ -123,7 +136,7 @@ class Coordinator:
             raise ConfigurationError(f"retry must be a RetryPolicy, got {retry!r}")
         if isinstance(max_crashes, bool) or not isinstance(max_crashes, int) or max_crashes < 1:
             raise ConfigurationError(f"max_crashes must be an int >= 1, got {max_crashes!r}")
-        chosen = self.executor if executor is None else resolve_executor(executor)
+        chosen = self._executor_choice if executor is None else resolve_executor(executor)
         with self._lock:
             self._check_not_started("register a worker")
             if name in self._workers:
@@ -133,18 +146,18 @@ class Coordinator:
 
         def register(handler: F) -> F:
             check_importable(handler)
-            check_executor(name, handler, source, chosen)
+            chosen.check_handler(name, handler, source)
             with self._lock:
                 self._check_not_started("register a worker")
                 if name in self._workers:
                     raise ConfigurationError(f"a worker named {name!r} is already registered")
-                self._workers[name] = Worker(
+                self._workers[name] = Registration(
                     name=name,
                     handler=handler,
                     source=source,
                     eligible=eligible,
                     concurrency=concurrency,
-                    dialect=self.dialect,
+                    dialect=self._dialect,
                     timeout=timeout,
                     retry=retry,
                     max_crashes=max_crashes,
@@ -154,8 +167,8 @@ class Coordinator:
 
         return register
 
-    def _worker(self, name: str) -> Worker:
-        return _Workers(self._workers)[name]
+    def _registration(self, name: str) -> Registration:
+        return _Workers(self._workers).registration(name)
 
     def _check_not_started(self, action: str) -> None:
         if self._scheduler is not None:
@@ -218,8 +231,8 @@ class Coordinator:
         if not isinstance(bind, Engine):
             return
         ours, theirs = self._url, bind.url
-        if theirs.get_backend_name() not in self.dialect.backend_names or not (
-            self.dialect.same_database(ours, theirs)
+        if theirs.get_backend_name() not in self._dialect.backend_names or not (
+            self._dialect.same_database(ours, theirs)
         ):
             raise ConfigurationError(
                 f"database_url ({ours.render_as_string()}) and the session factory's engine "
@@ -238,22 +251,23 @@ class Coordinator:
                 check_picklable(worker.name, worker.handler)
                 worker.eligible_query()
             engine = self._coordination_engine()
-            lanes: list[Lane] = []
+            states: list[WorkerState] = []
             try:
                 with self.session_factory() as session:
                     self._check_tables(session, engine)
                 self._preload_forkserver()
-                config = ChildConfig(self.database_url, self.engine_options, _pid())
+                runner = self._runner()
+                timings = self._timings
                 for worker in self._workers.values():
-                    backoff = PollBackoff(self.timings.poll_seconds, self.timings.max_poll_seconds)
-                    lanes.append(Lane(worker, self._executor(worker, config), backoff))
-                scheduler = Scheduler(engine, self.dialect, lanes, self.timings, Owner.current())
+                    backoff = PollBackoff(timings.poll_seconds, timings.max_poll_seconds)
+                    states.append(WorkerState(worker, self._executor(worker, runner), backoff))
+                scheduler = Scheduler(engine, self._dialect, states, timings, Owner.current())
                 scheduler.start()
             except BaseException:
                 # A failed start leaves nothing running, so start() can be called again
                 # once the cause is fixed (and stop() has nothing to join).
-                for lane in lanes:
-                    lane.executor.shutdown()
+                for state in states:
+                    state.executor.shutdown()
                 engine.dispose()
                 raise
             self._engine = engine
@@ -265,13 +279,12 @@ class Coordinator:
         # imported are ready in every child at no cost (it only takes effect before
         # the fork server starts, i.e. for the first coordinator of a process).
         sql_dialect = self._url.get_dialect()
+        # What a handler process imports before its first task: the runner's modules,
+        # what the execution table's definition loads, and the database driver (the
+        # slowest import of all).
         modules = {
-            "sqlalchemy.orm",
-            "dbworker.executors.runtime",
-            # The execution table's index carries PostgreSQL and SQLite options, whose
-            # dialect packages load with it; the driver is the slowest import of all.
-            "sqlalchemy.dialects.postgresql",
-            "sqlalchemy.dialects.sqlite",
+            ProcessRunner.__module__,
+            *PRELOAD_MODULES,
             sql_dialect.__module__,
             sql_dialect.import_dbapi().__name__,
         }
@@ -280,14 +293,18 @@ class Coordinator:
         modules.discard("__main__")
         multiprocessing.set_forkserver_preload(["__main__", *sorted(modules)])
 
-    def _executor(self, worker: Worker, config: ChildConfig) -> Executor:
-        return worker.executor.build(worker.concurrency, config)
+    def _runner(self) -> ProcessRunner:
+        """What runs in each handler process (the executors start it there)."""
+        config = ChildConfig(self.database_url, self.engine_options, type(self._dialect))
+        return ProcessRunner(config)
+
+    def _executor(self, worker: Registration, runner: ProcessRunner) -> Executor:
+        return worker.executor.build(worker.concurrency, runner, _pid())
 
     def _coordination_engine(self) -> Engine:
-        engine = create_engine(
-            self._url, **{**self.dialect.coordinator_engine_options(), **self.engine_options}
-        )
-        self.dialect.configure_engine(engine)
+        options = {**self._dialect.coordinator_engine_options(), **self.engine_options}
+        engine = create_engine(self._url, **options)
+        self._dialect.configure_engine(engine)
         return engine
 
     def drain(
@@ -304,19 +321,19 @@ class Coordinator:
         """
         with self._lock:
             self._check_not_started("drain()")
-            chosen = [self._worker(name) for name in (workers or self._workers)]
+            chosen = [self._registration(name) for name in (workers or self._workers)]
             for worker in chosen:
                 worker.eligible_query()
             with self.session_factory() as session:
                 self._check_tables(session)
         engine = self._coordination_engine()
-        runtime = Runtime(ChildConfig(self.database_url, self.engine_options, _pid()))
+        runner = self._runner()
         try:
             return drain(
-                engine, self.dialect, runtime, chosen, self.timings.lease_seconds, max_invocations
+                engine, self._dialect, runner, chosen, self._timings.lease_seconds, max_invocations
             )
         finally:
-            runtime.dispose()
+            runner.dispose()
             engine.dispose()
 
     def stop(self, timeout: float | None = None, *, wait: bool = True) -> None:
@@ -359,10 +376,10 @@ class Coordinator:
         return self._scheduler is not None and self._scheduler.thread.is_alive()
 
     def health(self) -> Health:
-        """The scheduler's health: running, database reachable, the last error."""
+        """A snapshot of the scheduler's health: running, database reachable, the last error."""
         if self._scheduler is None:
             return Health()
-        return self._scheduler.health
+        return Health.of(self._scheduler.health)
 
     def __enter__(self) -> Coordinator:
         self.start()
@@ -377,7 +394,7 @@ class Coordinator:
         self, session: Session, *, worker: str, source_id: Any
     ) -> ExecutionStatus | None:
         """The status of ``source_id`` under ``worker``; None before its first claim."""
-        return self._worker(worker).status(session, source_id)
+        return self._registration(worker).status(session, source_id)
 
     def has_execution_status(
         self, *, worker: str, source_id: Any, statuses: Iterable[ExecutionStatus]
@@ -386,16 +403,19 @@ class Coordinator:
 
         Use it in ``where()``, including inside another worker's ``eligible``.
         """
-        return self._worker(worker).has_status(source_id, statuses)
+        return self._registration(worker).has_status(source_id, statuses)
 
 
 class _Workers(Mapping[str, Worker]):
     """A read-only view of the registered workers whose misses say what is registered."""
 
-    def __init__(self, workers: Mapping[str, Worker]) -> None:
+    def __init__(self, workers: Mapping[str, Registration]) -> None:
         self._workers = workers
 
     def __getitem__(self, name: str) -> Worker:
+        return Worker(self.registration(name))
+
+    def registration(self, name: str) -> Registration:
         try:
             return self._workers[name]
         except (KeyError, TypeError):

@@ -15,10 +15,12 @@ from typing import Any
 from sqlalchemy import Engine
 
 from .core.errors import DBWorkerError
-from .dialects import Dialect, ErrorInfo, Owner
-from .executors import ResultKind
-from .executors.runtime import Runtime
-from .worker import Worker
+from .core.policy import failure
+from .core.tasks import ErrorInfo, ResultKind
+from .dialects import Dialect, Owner
+from .executors import Runner
+from .scheduling.discovery import repeat_while_adding
+from .worker import Registration
 
 #: A handler that always returns Unfinished() would otherwise drain forever.
 DEFAULT_MAX_INVOCATIONS = 10_000
@@ -53,8 +55,8 @@ class DrainReport:
 def drain(
     engine: Engine,
     dialect: Dialect,
-    runtime: Runtime,
-    workers: Sequence[Worker],
+    runner: Runner,
+    workers: Sequence[Registration],
     lease_seconds: float,
     max_invocations: int = DEFAULT_MAX_INVOCATIONS,
 ) -> DrainReport:
@@ -62,8 +64,7 @@ def drain(
     items: list[DrainedItem] = []
     for worker in workers:
         with engine.begin() as conn:
-            while dialect.sweep(conn, worker.table):
-                pass
+            repeat_while_adding(lambda: dialect.sweep(conn, worker.table))  # noqa: B023
     progressed = True
     while progressed:
         progressed = False
@@ -84,18 +85,14 @@ def drain(
                         f"drain() stopped after {max_invocations} invocations; does a handler "
                         "keep returning Unfinished() without a delay?"
                     )
-                result = runtime.run(worker.task(claim))
+                result = runner.run(worker.task(claim))
                 outcome = result.kind
                 if outcome is ResultKind.UNRECORDED:
                     error = ErrorInfo(result.error or "", result.error_type, result.traceback)
+                    decision = failure(result.retry_delay)
                     with engine.begin() as conn:
-                        dialect.fail(
-                            conn,
-                            worker.table,
-                            claim.source_id,
-                            claim.token,
-                            error,
-                            result.retry_delay,
+                        dialect.record(
+                            conn, worker.table, claim.source_id, claim.token, decision, error
                         )
                     outcome = (
                         ResultKind.FAILED if result.retry_delay is None else ResultKind.RETRYING

@@ -27,9 +27,9 @@ from sqlalchemy.types import TypeEngine
 from .core.names import table_name
 from .core.status import OPEN
 
-#: Error text is bounded so a huge exception message cannot bloat the table.
-MAX_ERROR_CHARS = 4000
-MAX_TRACEBACK_CHARS = 16000
+#: Modules the table's definition loads (its indexes carry PostgreSQL and SQLite
+#: options), for processes that should import them before their first task.
+PRELOAD_MODULES = ("sqlalchemy.orm", "sqlalchemy.dialects.postgresql", "sqlalchemy.dialects.sqlite")
 
 _OPEN_SQL = "status IN ({})".format(", ".join(f"'{p.value}'" for p in sorted(OPEN)))
 

@@ -1,4 +1,8 @@
-"""A registered worker: its handler, its source, its eligibility rule and its table."""
+"""A registered worker: its handler, its source, its eligibility rule and its table.
+
+``Registration`` is what the coordinator, the scheduler and ``drain`` work with;
+``Worker`` is the read-only view users get from ``coordinator.workers[name]``.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Integer, Select, inspect, select
+from sqlalchemy import Integer, Select, Table, inspect, select
 from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Mapper, Session
 
 from .core.errors import ConfigurationError
 from .core.status import ExecutionStatus
+from .core.tasks import Task
 from .core.timing import RetryPolicy
 from .dialects import Claim, Dialect, WorkerTable
-from .executors import ExecutorChoice, Pool, Subprocess, Task
+from .executors import ExecutorChoice, Pool
 from .schema import execution_table
 
 if TYPE_CHECKING:
@@ -73,16 +78,6 @@ def check_picklable(name: str, handler: object) -> None:
         )
 
 
-def check_executor(name: str, handler: object, source: type[Any], executor: object) -> None:
-    if isinstance(executor, Subprocess):
-        for what, obj in (("handler", handler), ("source model", source)):
-            if getattr(obj, "__module__", None) == "__main__":
-                raise ConfigurationError(
-                    f"the {what} of worker {name!r} is defined in __main__, which a subprocess "
-                    "executor's interpreter cannot import; move it to an importable module"
-                )
-
-
 def check_concurrency(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"concurrency must be an int >= 1, got {value!r}")
@@ -90,8 +85,8 @@ def check_concurrency(value: object) -> int:
 
 
 @dataclass(eq=False)
-class Worker:
-    """One ``transactional_worker`` registration. Access it as ``coordinator.workers[name]``."""
+class Registration:
+    """One ``transactional_worker`` registration, as dbworker uses it internally."""
 
     name: str
     handler: Handler
@@ -208,3 +203,89 @@ class Worker:
         if not wanted:
             raise ConfigurationError("statuses must name at least one ExecutionStatus")
         return self.dialect.status_condition(self.table, source_id, wanted)
+
+
+class Worker:
+    """A registered worker, as ``coordinator.workers[name]`` returns it: what it is
+    (read-only) and its execution records (status, state, failures, reset)."""
+
+    __slots__ = ("_registration",)
+
+    def __init__(self, registration: Registration) -> None:
+        self._registration = registration
+
+    @property
+    def name(self) -> str:
+        return self._registration.name
+
+    @property
+    def handler(self) -> Handler:
+        return self._registration.handler
+
+    @property
+    def source(self) -> type[Any]:
+        """The source model whose rows are this worker's work."""
+        return self._registration.source
+
+    @property
+    def eligible(self) -> Eligible | None:
+        return self._registration.eligible
+
+    @property
+    def concurrency(self) -> int:
+        return self._registration.concurrency
+
+    @property
+    def timeout(self) -> float | None:
+        return self._registration.timeout
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        return self._registration.retry
+
+    @property
+    def max_crashes(self) -> int:
+        return self._registration.max_crashes
+
+    @property
+    def executor(self) -> ExecutorChoice:
+        return self._registration.executor
+
+    @property
+    def execution_table(self) -> Table:
+        """The worker's execution table (in the source model's MetaData, for migrations)."""
+        return self._registration.table.table
+
+    def state(self, session: Session, source_id: Any) -> dict[str, Any] | None:
+        """The execution record of ``source_id``: ``execution_status``, ``error``,
+        ``lease_expires_at`` and more; ``None`` if this worker never claimed it."""
+        return self._registration.state(session, source_id)
+
+    def status(self, session: Session, source_id: Any) -> ExecutionStatus | None:
+        """The status of ``source_id``; ``None`` before its first claim."""
+        return self._registration.status(session, source_id)
+
+    def reset_failed(self, session: Session, source_id: Any) -> bool:
+        """Make a FAILED execution UNFINISHED again (error and claim cleared).
+
+        True if it reset one; the change commits with ``session``'s transaction.
+        """
+        return self._registration.reset_failed(session, source_id)
+
+    def counts(self, session: Session) -> dict[ExecutionStatus | None, int]:
+        """How many records are in each status (``None``: discovered, never claimed)."""
+        return self._registration.counts(session)
+
+    def failed(self, session: Session, limit: int | None = None) -> list[dict[str, Any]]:
+        """FAILED items: ``source_id``, ``error``, ``error_type``, ``attempts``,
+        ``crashes``, ``updated_at``; in key order."""
+        return self._registration.failed(session, limit)
+
+    def has_status(
+        self, source_id: Any, statuses: Iterable[ExecutionStatus]
+    ) -> ColumnElement[bool]:
+        """A SQL condition: this worker has one of ``statuses`` for ``source_id``."""
+        return self._registration.has_status(source_id, statuses)
+
+    def __repr__(self) -> str:
+        return f"<dbworker.Worker {self.name!r} source={self.source.__name__}>"

@@ -55,7 +55,7 @@ EVENT_CALLS: dict[Event, Callable[[Dialect, Any, WorkerTable], object]] = {
     Event.FINISH: lambda d, c, w: d.finish(c, w, 1, 5),
     Event.UNFINISH: lambda d, c, w: d.unfinish(c, w, 1, 5, 2.0),
     Event.FAIL: lambda d, c, w: d.fail(c, w, 1, 5, ErrorInfo("boom")),
-    Event.RELEASE: lambda d, c, w: d.release(c, w, 1, 5, ErrorInfo("killed"), 3),
+    Event.RELEASE: lambda d, c, w: d.release(c, w, 1, 5, ErrorInfo("killed"), gives_up=False),
     Event.RESET: lambda d, c, w: d.reset_failed(c, w, 1),
 }
 

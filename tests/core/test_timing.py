@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dbworker.core import ConfigurationError, PollBackoff, RetryPolicy, Timings
-from dbworker.core.timing import RENEW_FRACTION, lease_expiry, renewal_due
+from dbworker.core.timing import RENEW_FRACTION
 
 # -- Timings -----------------------------------------------------------------------------
 
@@ -59,9 +59,9 @@ def test_lease_shorter_than_a_second_is_rejected() -> None:
 
 def test_renewal_is_due_after_a_third_of_the_lease() -> None:
     assert pytest.approx(1 / 3) == RENEW_FRACTION
-    assert lease_expiry(100.0, 30.0) == 130.0
-    assert not renewal_due(last_renewed=100.0, now=109.99, lease_seconds=30.0)
-    assert renewal_due(last_renewed=100.0, now=110.0, lease_seconds=30.0)
+    # The scheduler renews every renew_every seconds (lease_expiry and renewal_due had
+    # no reader but this test, and were removed).
+    assert Timings(lease_seconds=30.0).renew_every == pytest.approx(10.0)
 
 
 # -- PollBackoff -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from dbworker.core import ExecutionStatus, InvalidTransition, Phase, StaleToken
+from dbworker.core.policy import Ending, decide
 from dbworker.core.status import OPEN, TERMINAL
 from dbworker.core.transitions import (
     TRANSITIONS,
@@ -36,6 +37,12 @@ NOW = 1_000.0
 LEASE = 30.0
 TOKEN = 7
 MAX_CRASHES = 3
+
+
+def crash_release(record: Record, token: int, error: str) -> Record:
+    """A crashed holder's release, as the failure policy decides it."""
+    decision = decide(Ending.CRASHED, crashes=record.crashes, max_crashes=MAX_CRASHES)
+    return release(record, token, error, gives_up=decision.gives_up)
 
 
 def record_in(phase: Phase) -> Record:
@@ -68,7 +75,7 @@ def apply(record: Record, event: Event, target: Phase) -> Record:
         return fail(record, record.token, "ValueError: boom", retry_at=retry_at)
     if event is Event.RELEASE:
         crashed = replace(record, crashes=MAX_CRASHES - 1 if target is X else 0)
-        return release(crashed, record.token, "killed", MAX_CRASHES)
+        return crash_release(crashed, record.token, "killed")
     if event is Event.RESET:
         return reset_failed(record)
     raise AssertionError(f"no way to cause {event}")
@@ -235,7 +242,7 @@ def fenced_call(record: Record, event: Event, token: int) -> Record:
         return unfinish(record, token, NOW)
     if event is Event.FAIL:
         return fail(record, token, "boom")
-    return release(record, token, "killed", MAX_CRASHES)
+    return crash_release(record, token, "killed")
 
 
 @pytest.mark.parametrize("event", FENCED_EVENTS, ids=_id)
@@ -296,7 +303,7 @@ def test_release_reaches_failed_at_max_crashes() -> None:
     phases = []
     for attempt in range(MAX_CRASHES):
         record = claim(record, NOW + attempt, LEASE)
-        record = release(record, record.token, f"killed {attempt}", MAX_CRASHES)
+        record = crash_release(record, record.token, f"killed {attempt}")
         phases.append(record.phase)
     assert phases == [U, U, X]
     assert (record.crashes, record.error) == (MAX_CRASHES, "killed 2")
@@ -307,16 +314,16 @@ def test_release_reaches_failed_at_max_crashes() -> None:
 def test_takeovers_and_releases_share_the_crash_budget() -> None:
     record = claim(Record(), NOW, LEASE)
     record = claim(record, NOW + LEASE + 1, LEASE)  # takeover: crash 1
-    record = release(record, record.token, "killed", MAX_CRASHES)  # crash 2
+    record = crash_release(record, record.token, "killed")  # crash 2
     assert (record.phase, record.crashes) == (U, 2)
     record = claim(record, NOW + 100, LEASE)
-    record = release(record, record.token, "killed", MAX_CRASHES)  # crash 3
+    record = crash_release(record, record.token, "killed")  # crash 3
     assert (record.phase, record.crashes) == (X, 3)
 
 
 def test_released_item_is_claimable_at_once() -> None:
     record = claim(Record(), NOW, LEASE)
-    record = release(record, record.token, "killed", MAX_CRASHES)
+    record = crash_release(record, record.token, "killed")
     assert record.claimable(NOW) is Event.CLAIM
 
 

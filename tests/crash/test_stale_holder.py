@@ -19,9 +19,9 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import DBAPIError
 
 from dbworker import Coordinator, ExecutionStatus
+from dbworker.core.tasks import ResultKind, Task
 from dbworker.dialects import Owner, for_url
-from dbworker.executors import ChildConfig, ResultKind, Task
-from dbworker.executors.runtime import Runtime
+from dbworker.invocation import ChildConfig, Runtime
 from waiting import pid_alive, wait_until
 
 from . import app
@@ -62,7 +62,7 @@ def test_runtime_of_a_superseded_token_commits_nothing(
     current_holder_result: ResultKind,
 ) -> None:
     coordinator = coordinators(lease_seconds=30, concurrency=1)
-    worker = coordinator.workers[app.WORKER]
+    worker = coordinator._registration(app.WORKER)
     add_items(engine, workdir, [mode])
     # Two claimers an hour apart on a fake clock: the second takes the item over
     # because the first one's lease has run out, which supersedes the first token.
@@ -78,7 +78,7 @@ def test_runtime_of_a_superseded_token_commits_nothing(
         [current] = late.claim(conn, worker.table, worker.eligible_query(), 1, 30, Owner("b", 2))
     assert current.token != stale.token
 
-    runtime = Runtime(ChildConfig(database_url, {}, os.getpid()))
+    runtime = Runtime(ChildConfig(database_url, {}))
     try:
         result = runtime.run(
             Task(app.WORKER, 1, stale.token, stale.attempts, stale.failures, app.handle, app.Item)
@@ -131,7 +131,7 @@ def _row_is_free(engine: Engine, coordinator: Coordinator, item_id: int) -> bool
             return False
         finally:
             probe.close()
-    table = coordinator.workers[app.WORKER].table.table
+    table = coordinator._registration(app.WORKER).table.table
     try:
         with engine.begin() as conn:
             conn.execute(
@@ -224,7 +224,7 @@ def test_renewal_that_finds_the_claim_taken_over_kills_the_handler(
 ) -> None:
     # Renewal every lease / 3 = 1 s, so the loss is noticed within a few seconds.
     coordinator = coordinators(lease_seconds=3, concurrency=1)
-    worker = coordinator.workers[app.WORKER]
+    worker = coordinator._registration(app.WORKER)
     add_items(engine, workdir, [app.GATE])
     coordinator.start()
     child = wait_for_run(workdir, 1, 1)
@@ -234,7 +234,7 @@ def test_renewal_that_finds_the_claim_taken_over_kills_the_handler(
     table = worker.table.table
     with dbworker_engine.begin() as conn:
         conn.execute(update(table).where(table.c.source_id == 1).values(lease_expires_at=0.0))
-        claims = coordinator.dialect.claim(
+        claims = coordinator._dialect.claim(
             conn, worker.table, worker.eligible_query(), 1, LONG_LEASE, Owner("intruder", 1)
         )
     assert [c.source_id for c in claims] == [1]

@@ -157,7 +157,7 @@ class RetryUncounted(Dialect):
 
 
 class ReleaseAlwaysCrashes(Dialect):
-    """release(crashed=False) is counted as a crash anyway."""
+    """release(counts_crash=False) is counted as a crash anyway."""
 
     def release(
         self,
@@ -166,10 +166,13 @@ class ReleaseAlwaysCrashes(Dialect):
         source_id: Any,
         token: int,
         error: ErrorInfo,
-        max_crashes: int,
-        crashed: bool = True,
+        *,
+        gives_up: bool,
+        counts_crash: bool = True,
     ) -> bool:
-        return super().release(conn, worker, source_id, token, error, max_crashes, True)
+        return super().release(
+            conn, worker, source_id, token, error, gives_up=gives_up, counts_crash=True
+        )
 
 
 class StatusConditionIgnoresStatus(Dialect):

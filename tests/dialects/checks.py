@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Select, select, update
 from sqlalchemy.exc import DBAPIError
 
 from dbworker import ExecutionStatus
+from dbworker.core.policy import Ending, decide
 from dbworker.core.status import Phase
 from dbworker.dialects import Claim, WorkerTable
 
@@ -43,6 +44,9 @@ Check = Callable[[DialectFactory, str], None]
 T = TypeVar("T")
 
 ALL_ITEMS = [row.id for row in ITEMS]
+
+#: How a stopping coordinator releases an item (not a crash).
+STOPPED = decide(Ending.STOPPED)
 
 
 def _without_waiting(what: str, call: Callable[[], T]) -> T:
@@ -214,9 +218,9 @@ def check_takeover_after_lease_expiry(make_dialect: DialectFactory, url: str) ->
             "fail with retry": lambda c: h.dialect.fail(
                 c, h.items, 1, old.token, ERROR, retry_delay=0
             ),
-            "release": lambda c: h.dialect.release(c, h.items, 1, old.token, ERROR, 1),
+            "release": lambda c: h.dialect.release(c, h.items, 1, old.token, ERROR, gives_up=True),
             "release (not a crash)": lambda c: h.dialect.release(
-                c, h.items, 1, old.token, ERROR, 1, crashed=False
+                c, h.items, 1, old.token, ERROR, gives_up=False, counts_crash=False
             ),
             "renew": lambda c: h.dialect.renew(c, h.items, [(1, old.token)], LEASE) == [],
         }
@@ -420,8 +424,8 @@ def check_fail_with_retry_delay(make_dialect: DialectFactory, url: str) -> None:
 
 
 def check_release_counts_crashes(make_dialect: DialectFactory, url: str) -> None:
-    """release(crashed=True) counts a crash and fails the item at max_crashes;
-    release(crashed=False) gives the item back without counting."""
+    """A crash's release (as the failure policy decides it) counts a crash and fails the
+    item at max_crashes; a stop's release gives the item back without counting."""
     max_crashes = 2
     with Harness(make_dialect, url) as h:
         h.seed()
@@ -429,7 +433,8 @@ def check_release_counts_crashes(make_dialect: DialectFactory, url: str) -> None
         for crashes in (1, 2):
             claim = h.claim_one(h.items, 1)
             with h.transaction() as conn:
-                assert h.dialect.release(conn, h.items, 1, claim.token, ERROR, max_crashes)
+                crashed = decide(Ending.CRASHED, crashes=claim.crashes, max_crashes=max_crashes)
+                assert h.dialect.record(conn, h.items, 1, claim.token, crashed, ERROR)
             record = h.record(h.items, 1)
             assert record is not None and record["crashes"] == crashes
         assert _status(h, h.items, 1) == Phase.FAILED.value, "must end FAILED at max_crashes"
@@ -441,9 +446,7 @@ def check_release_counts_crashes(make_dialect: DialectFactory, url: str) -> None
         for _ in range(max_crashes + 1):
             claim = h.claim_one(h.items, 2)  # claimable again at once, no clock advance
             with h.transaction() as conn:
-                assert h.dialect.release(
-                    conn, h.items, 2, claim.token, ERROR, max_crashes, crashed=False
-                )
+                assert h.dialect.record(conn, h.items, 2, claim.token, STOPPED, ERROR)
             record = h.record(h.items, 2)
             assert record is not None
             assert record["status"] == Phase.UNFINISHED.value

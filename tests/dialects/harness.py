@@ -171,7 +171,7 @@ class Harness:
             coordinator = Coordinator(sessionmaker(bind=self.app_engine), database_url=url)
             for name in workers:
                 coordinator.transactional_worker(name, SOURCES[name])(handler)
-            self.workers = {name: w.table for name, w in coordinator.workers.items()}
+            self.workers = {name: coordinator._registration(name).table for name in workers}
             # Only the tables this check uses: DDL is most of a check's cost on InnoDB.
             sources = {Group, Item} | {SOURCES[name] for name in workers}
             tables = [Base.metadata.tables[model.__tablename__] for model in sources]

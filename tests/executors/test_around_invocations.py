@@ -13,15 +13,14 @@ pool checks whether it is alive.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from typing import Any
 
 from sqlalchemy import select
 
 from dbworker.core.status import Phase
-from dbworker.executors import ChildConfig, Result, ResultKind, Task
+from dbworker.core.tasks import Result, ResultKind, Task
 from dbworker.executors.pool import ProcessPool
-from dbworker.executors.runtime import Runtime
+from dbworker.invocation import ChildConfig, ProcessRunner, Runtime
 
 from . import app
 from .support import Rig
@@ -53,8 +52,8 @@ class AnswersThenExits:
 
 class OneShotPool(ProcessPool):
     def __init__(self) -> None:
-        config = ChildConfig("sqlite:///unused.db", {}, 0)
-        super().__init__(1, config, start_method="spawn", max_tasks_per_child=1)
+        runner = ProcessRunner(ChildConfig("sqlite:///unused.db", {}))
+        super().__init__(1, runner, 0, start_method="spawn", max_tasks_per_child=1)
         self.launched: list[Any] = []
 
     def _launch(self) -> tuple[Any, Any]:
@@ -84,7 +83,7 @@ def test_a_rehearsal_changes_no_record(rig: Rig) -> None:
     # status, must come out of it as it went in.
     coordinator = rig.coordinator("spawn")
     ids = rig.add("finish", "unfinished;finish", "hang", "raise")
-    table = coordinator.workers[app.WORKER].table.table
+    table = coordinator.workers[app.WORKER].execution_table
     with rig.engine.begin() as conn:
         # The working record holds token 1, the first claim's: the most common token.
         phases = [Phase.PENDING, Phase.UNFINISHED, Phase.WORKING, Phase.FAILED]
@@ -103,7 +102,7 @@ def test_a_rehearsal_changes_no_record(rig: Rig) -> None:
                 )
             )
     before = _rows(rig, table)
-    runtime = Runtime(ChildConfig(rig.url, {}, os.getpid()))
+    runtime = Runtime(ChildConfig(rig.url, {}))
     try:
         for item_id in ids:
             runtime.rehearse(app.WORKER, app.Item, item_id)

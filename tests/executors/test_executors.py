@@ -615,11 +615,11 @@ def test_stop_without_timeout_waits_for_running_handlers(rig: Rig, executor: str
 def take_over(rig: Rig, coordinator: Any, item_id: int) -> None:
     """Another holder takes the item over: the lease is made to have expired, and the
     item claimed through the dialect (in one transaction, so nobody else gets it)."""
-    worker = coordinator.workers[app.WORKER]
+    worker = coordinator._registration(app.WORKER)
     table = worker.table.table
     with rig.engine.begin() as conn:
         conn.execute(update(table).where(table.c.source_id == item_id).values(lease_expires_at=0.0))
-        claims = coordinator.dialect.claim(
+        claims = coordinator._dialect.claim(
             conn, worker.table, worker.eligible_query(), 1, 600.0, Owner("thief", 4242)
         )
     assert [claim.source_id for claim in claims] == [item_id]

@@ -84,7 +84,7 @@ def test_process_trouble_carries_item_context(ops: Site, caplog: pytest.LogCaptu
 
     # Job 3 loses its claim: as if another coordinator had taken it over.
     ops.wait_for_runs(3)
-    table = coordinator.workers["fragile"].table.table
+    table = coordinator.workers["fragile"].execution_table
     with ops.session_factory.begin() as session:
         session.execute(
             update(table).where(table.c.source_id == 3).values(token=table.c.token + 100)

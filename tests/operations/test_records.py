@@ -7,7 +7,7 @@ import os
 import socket
 
 from dbworker import ExecutionStatus
-from dbworker.schema import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS
+from dbworker.core.tasks import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS
 
 from . import app
 from .support import Site, capture_dbworker_logs

@@ -78,8 +78,9 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from dbworker.core import transitions
+from dbworker.core import policy, transitions
 from dbworker.core.errors import InvalidTransition
+from dbworker.core.policy import Ending, decide
 from dbworker.core.status import TERMINAL, Phase
 from dbworker.core.transitions import Record
 from dbworker.dialects import Dialect, ErrorInfo, Owner, WorkerTable, dialect_class
@@ -636,15 +637,16 @@ class ExecutionMachine(RuleBasedStateMachine):
     def _fail(self, belief: Belief, retry: int | None) -> None:
         """The handler raised: FAILED, or UNFINISHED for ``retry`` seconds."""
         actor, sid, token = belief
-        retry_at = None if retry is None else self.clock.now + retry
+        # What the failure policy may answer for a handler's exception: FAILED, or a
+        # retry after ``retry`` seconds (which retries a policy allows is its own test's).
+        decision = policy.failure(None if retry is None else float(retry))
         after: Record | None
         try:
-            after = transitions.fail(self.records[sid], token, ERROR.message, retry_at)
+            after = policy.apply(self.records[sid], token, decision, self.clock.now, ERROR.message)
         except InvalidTransition:
             after = None
-        delay = None if retry is None else float(retry)
         applied = self._run(
-            actor, lambda conn: self.dialect.fail(conn, WORKER, sid, token, ERROR, delay)
+            actor, lambda conn: self.dialect.record(conn, WORKER, sid, token, decision, ERROR)
         )
         self._settle(belief, "fail", applied, after)
 
@@ -657,12 +659,15 @@ class ExecutionMachine(RuleBasedStateMachine):
         """The coordinator saw the handler's process die: give the item back at once."""
         actor, sid, token = belief
         after: Record | None
+        # The failure policy decides from the record's crash count (a stale holder's
+        # decision does not matter: its fenced release changes nothing).
+        crashed = decide(Ending.CRASHED, crashes=self.records[sid].crashes, max_crashes=MAX_CRASHES)
         try:
-            after = transitions.release(self.records[sid], token, CRASH.message, MAX_CRASHES)
+            after = policy.apply(self.records[sid], token, crashed, self.clock.now, CRASH.message)
         except InvalidTransition:
             after = None
         applied = self._run(
-            actor, lambda conn: self.dialect.release(conn, WORKER, sid, token, CRASH, MAX_CRASHES)
+            actor, lambda conn: self.dialect.record(conn, WORKER, sid, token, crashed, CRASH)
         )
         self._settle(belief, "release", applied, after)
 

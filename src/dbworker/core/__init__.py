@@ -1,4 +1,5 @@
-"""The pure core: statuses, outcomes, the transition table, timing arithmetic, errors.
+"""The pure core: statuses, outcomes, the transition table, the failure policy, timing
+arithmetic, the task and result records, errors.
 
 No SQL, no I/O, no clock reads, no threads.
 """
@@ -14,16 +15,22 @@ from .errors import (
     WorkerCrashed,
 )
 from .outcomes import Finished, Outcome, Unfinished
+from .policy import DATABASE_RETRY, Decision, Ending, decide
 from .status import OPEN, TERMINAL, ExecutionStatus, Phase
+from .tasks import ErrorInfo, Result, ResultKind, Task, TaskKey, describe
 from .timing import PollBackoff, RetryPolicy, Timings
 from .transitions import TRANSITIONS, Event, Record
 
 __all__ = [
+    "DATABASE_RETRY",
     "OPEN",
     "TERMINAL",
     "TRANSITIONS",
     "ConfigurationError",
     "DBWorkerError",
+    "Decision",
+    "Ending",
+    "ErrorInfo",
     "Event",
     "ExecutionStatus",
     "Finished",
@@ -34,10 +41,16 @@ __all__ = [
     "Phase",
     "PollBackoff",
     "Record",
+    "Result",
+    "ResultKind",
     "RetryPolicy",
     "StaleToken",
+    "Task",
+    "TaskKey",
     "Timings",
     "Unfinished",
     "UnknownWorkerError",
     "WorkerCrashed",
+    "decide",
+    "describe",
 ]

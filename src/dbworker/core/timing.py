@@ -47,14 +47,6 @@ class Timings:
         return self.lease_seconds * RENEW_FRACTION
 
 
-def lease_expiry(now: float, lease_seconds: float) -> float:
-    return now + lease_seconds
-
-
-def renewal_due(last_renewed: float, now: float, lease_seconds: float) -> bool:
-    return now - last_renewed >= lease_seconds * RENEW_FRACTION
-
-
 @dataclass(slots=True)
 class PollBackoff:
     """Exponential wait between empty polls: poll_seconds, doubling, capped.

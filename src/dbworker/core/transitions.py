@@ -168,13 +168,19 @@ def fail(record: Record, token: int, error: str, retry_at: float | None = None) 
     )
 
 
-def release(record: Record, token: int, error: str, max_crashes: int) -> Record:
-    """The holder's process died: claimable again at once, or FAILED past the crash limit."""
+def release(
+    record: Record, token: int, error: str, *, gives_up: bool, counts_crash: bool = True
+) -> Record:
+    """The holder gave the item up (its process died, or was stopped): claimable again
+    at once, or FAILED when the failure policy gives up (``policy.decide``)."""
     _fence(record, Event.RELEASE, token)
-    crashes = record.crashes + 1
-    phase = Phase.FAILED if crashes >= max_crashes else Phase.UNFINISHED
     return replace(
-        record, phase=phase, lease_expires_at=None, not_before=None, crashes=crashes, error=error
+        record,
+        phase=Phase.FAILED if gives_up else Phase.UNFINISHED,
+        lease_expires_at=None,
+        not_before=None,
+        crashes=record.crashes + (1 if counts_crash else 0),
+        error=error,
     )
 
 

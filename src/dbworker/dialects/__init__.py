@@ -1,6 +1,7 @@
 """Per-database strategies behind one interface, and the registry that picks one."""
 
-from .base import Claim, Clock, Dialect, ErrorInfo, Owner, WorkerTable
+from ..core.tasks import ErrorInfo
+from .base import Claim, Clock, Dialect, Owner, WorkerTable
 from .registry import ENTRY_POINT_GROUP, dialect_class, for_engine, for_url, register
 
 __all__ = [

@@ -40,10 +40,20 @@ from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.expression import ClauseElement
 
+from ..core.policy import Decision
 from ..core.status import OPEN, ExecutionStatus, Phase
-from ..core.transitions import Event, sources
+from ..core.tasks import (
+    MAX_ERROR_CHARS,
+    MAX_ERROR_TYPE_CHARS,
+    MAX_TRACEBACK_CHARS,
+    ErrorInfo,
+    bounded,
+)
+from ..core.transitions import Event, is_fenced, sources
 from .liveness import ping_when_idle
 
+#: Claims are numbered from 1, so no fenced statement under this token matches a row.
+NEVER_ISSUED_TOKEN = -1
 #: A clock for tests: seconds since the epoch. Production reads the database's clock.
 Clock = Callable[[], float]
 
@@ -68,13 +78,6 @@ class Claim:
     crashes: int
     #: The record's status as locked (a claim of a WORKING record is a takeover).
     status: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ErrorInfo:
-    message: str
-    type: str | None = None
-    traceback: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,8 +156,6 @@ class Dialect:
 
     #: The SQLAlchemy backend names (``URL.get_backend_name()``) this dialect serves.
     backend_names: ClassVar[tuple[str, ...]] = ()
-    #: Whether a claim can skip rows another transaction has locked.
-    supports_skip_locked: ClassVar[bool] = False
     #: Whether two coordinator transactions can claim at the same time.
     supports_concurrent_claims: ClassVar[bool] = True
     #: Whether a new connection's first statements pay for loading what they read
@@ -422,7 +423,9 @@ class Dialect:
         """
         table = worker.table
         shape = tuple((name, _value_kind(value)) for name, value in values.items())
-        params = {"fence_source_id": source_id, "fence_token": token}
+        params = {"fence_source_id": source_id}
+        if is_fenced(event):
+            params["fence_token"] = token
         for (name, kind), value in zip(shape, values.values(), strict=True):
             if kind == "later":
                 params[f"set_{name}"] = float(value.seconds)
@@ -453,13 +456,16 @@ class Dialect:
                 return value
             return bindparam(f"set_{name}", type_=column.type)
 
+        guard = [
+            table.c.source_id == bindparam("fence_source_id"),
+            _in(table.c.status, sources(event)),
+        ]
+        if is_fenced(event):
+            # Only the holder of the current token may cause a fenced event.
+            guard.append(table.c.token == bindparam("fence_token"))
         return (
             update(table)
-            .where(
-                table.c.source_id == bindparam("fence_source_id"),
-                table.c.token == bindparam("fence_token"),
-                _in(table.c.status, sources(event)),
-            )
+            .where(*guard)
             .values(
                 {name: column_value(name, value) for name, value in values.items()}
                 | {"updated_at": now}
@@ -524,12 +530,10 @@ class Dialect:
         )
 
     def _error_values(self, error: ErrorInfo) -> dict[str, Any]:
-        from ..schema import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS
-
         return {
-            "error": _bounded(error.message, MAX_ERROR_CHARS),
-            "error_type": _bounded(error.type, 255),
-            "traceback": _bounded(error.traceback, MAX_TRACEBACK_CHARS),
+            "error": bounded(error.message, MAX_ERROR_CHARS),
+            "error_type": bounded(error.type, MAX_ERROR_TYPE_CHARS),
+            "traceback": bounded(error.traceback, MAX_TRACEBACK_CHARS),
         }
 
     def fail(
@@ -560,45 +564,71 @@ class Dialect:
         source_id: Any,
         token: int,
         error: ErrorInfo,
-        max_crashes: int,
-        crashed: bool = True,
+        *,
+        gives_up: bool,
+        counts_crash: bool = True,
     ) -> bool:
-        """Give the item up: claimable again at once. A crash counts towards
-        ``max_crashes`` and the item ends FAILED once it reaches it; a deliberate
-        release (a coordinator stopping with a deadline) does not count."""
-        table = worker.table
-        crashes = table.c.crashes + (1 if crashed else 0)
+        """Give the item up: claimable again at once, or FAILED when the failure policy
+        ``gives_up``; ``counts_crash`` counts it towards the worker's crash limit."""
         values: dict[str, Any] = {
             "lease_expires_at": None,
             "not_before": None,
-            "crashes": crashes,
-            "status": case(
-                (crashes >= max_crashes, Phase.FAILED.value), else_=Phase.UNFINISHED.value
-            ),
+            "status": Phase.FAILED.value if gives_up else Phase.UNFINISHED.value,
             **self._error_values(error),
         }
+        if counts_crash:
+            values["crashes"] = INCREMENT
         return self._fenced(conn, worker, Event.RELEASE, source_id, token, values)
 
-    def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
-        table = worker.table
-        statement = (
-            update(table)
-            .where(table.c.source_id == source_id, _in(table.c.status, sources(Event.RESET)))
-            .values(
-                status=Phase.UNFINISHED.value,
-                lease_expires_at=None,
-                not_before=None,
-                failures=0,
-                crashes=0,
-                error=None,
-                error_type=None,
-                traceback=None,
-                owner_host=None,
-                owner_pid=None,
-                updated_at=self.now(),
+    def record(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        source_id: Any,
+        token: int,
+        decision: Decision,
+        error: ErrorInfo | None = None,
+    ) -> bool:
+        """Record what the failure policy decided (``core.policy.decide``), fenced by
+        ``token``; False means the claim was lost. A decision to record nothing is True."""
+        event = decision.event
+        if event is Event.FINISH:
+            return self.finish(conn, worker, source_id, token)
+        if event is Event.UNFINISH:
+            return self.unfinish(conn, worker, source_id, token, decision.delay or 0.0)
+        if event is None:
+            return True
+        error = error or ErrorInfo("unknown error")
+        if event is Event.FAIL:
+            delay = None if decision.gives_up else (decision.delay or 0.0)
+            return self.fail(conn, worker, source_id, token, error, delay)
+        if event is Event.RELEASE:
+            return self.release(
+                conn,
+                worker,
+                source_id,
+                token,
+                error,
+                gives_up=decision.gives_up,
+                counts_crash=decision.counts_crash,
             )
-        )
-        return conn.execute(statement).rowcount == 1
+        raise ValueError(f"{event.value} is not an invocation's ending")
+
+    def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
+        # RESET is not fenced (any caller may reset a FAILED record): no token to check.
+        values = {
+            "status": Phase.UNFINISHED.value,
+            "lease_expires_at": None,
+            "not_before": None,
+            "failures": 0,
+            "crashes": 0,
+            "error": None,
+            "error_type": None,
+            "traceback": None,
+            "owner_host": None,
+            "owner_pid": None,
+        }
+        return self._fenced(conn, worker, Event.RESET, source_id, NEVER_ISSUED_TOKEN, values)
 
     # -- reading -------------------------------------------------------------------
 
@@ -677,10 +707,3 @@ class Dialect:
         if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
             return True
         return isinstance(error, sa_exc.OperationalError | sa_exc.InterfaceError)
-
-
-def _bounded(text: str | None, limit: int) -> str | None:
-    if text is None or len(text) <= limit:
-        return text
-    marker = f"... [{len(text) - limit} characters cut]"
-    return text[: limit - len(marker)] + marker

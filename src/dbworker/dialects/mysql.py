@@ -37,7 +37,6 @@ _TRANSIENT_CODES = frozenset({1205, 1213, 1927, 2002, 2003, 2006, 2013, 4031})
 class MySQLDialect(Dialect):
     backend_names: ClassVar[tuple[str, ...]] = ("mysql", "mariadb")
     default_port: ClassVar[int | None] = 3306
-    supports_skip_locked: ClassVar[bool] = True
     #: How many unlocked-search rounds a claim makes before settling for fewer rows.
     search_rounds: ClassVar[int] = 4
 

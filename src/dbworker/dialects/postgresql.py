@@ -35,7 +35,6 @@ class PostgreSQLDialect(Dialect):
     new_connection_is_cold: ClassVar[bool] = True
     # libpq's client state is plain memory a fork copies; DISCARD ALL resets the rest.
     sessions_outlive_processes: ClassVar[bool] = True
-    supports_skip_locked: ClassVar[bool] = True
 
     def db_now(self) -> ColumnElement[float]:
         # clock_timestamp(), not now(): now() is frozen at transaction start, and a

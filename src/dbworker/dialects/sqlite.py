@@ -34,7 +34,6 @@ class SQLiteDialect(Dialect):
     backend_names: ClassVar[tuple[str, ...]] = ("sqlite",)
     # SQLAlchemy silently drops FOR UPDATE on SQLite; exclusivity comes from the
     # database-wide write lock that BEGIN IMMEDIATE takes instead.
-    supports_skip_locked: ClassVar[bool] = False
     supports_concurrent_claims: ClassVar[bool] = False
 
     def validate_url(self, url: URL) -> None:

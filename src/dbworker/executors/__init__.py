@@ -1,18 +1,20 @@
-"""Strategies for running a handler: one interface, one module per strategy."""
+"""Strategies for running a handler process: one interface, one module per strategy.
 
-from .base import ChildConfig, Executor, Result, ResultKind, Task
+Executors start, watch, kill and recycle processes and move task messages; they
+import only ``core`` (what runs in the processes is the coordinator's runner).
+"""
+
+from .base import Executor, Runner, TemplateRunner
 from .strategies import ExecutorChoice, Inline, Pool, SpawnPerTask, Subprocess, resolve
 
 __all__ = [
-    "ChildConfig",
     "Executor",
     "ExecutorChoice",
     "Inline",
     "Pool",
-    "Result",
-    "ResultKind",
+    "Runner",
     "SpawnPerTask",
     "Subprocess",
-    "Task",
+    "TemplateRunner",
     "resolve",
 ]

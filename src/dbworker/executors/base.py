@@ -1,92 +1,66 @@
 """The executor boundary: how a claimed item's handler gets run.
 
-An executor receives ``Task`` objects (everything a process needs to run one
-invocation and record its outcome under the claim's token) and hands back
-``Result`` objects. It knows nothing of dialects or scheduling; the coordinator
-knows nothing of processes.
+An executor receives ``Task`` objects and hands back ``Result`` objects (both
+plain data from ``core.tasks``). It starts, watches, kills and recycles the
+processes; what runs inside them is the ``Runner`` the coordinator hands it,
+which alone touches the database. Executors know nothing of dialects or of
+scheduling; the coordinator knows nothing of processes.
 """
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from ..core.timing import RetryPolicy
-
-if TYPE_CHECKING:
-    from ..dialects import Dialect
+from ..core.tasks import Result, Task, TaskKey
 
 
-class ResultKind(enum.StrEnum):
-    FINISHED = "finished"  # recorded by the runner, in the handler's transaction
-    UNFINISHED = "unfinished"  # recorded likewise
-    FAILED = "failed"  # error recorded as FAILED by the runner
-    RETRYING = "retrying"  # error recorded as UNFINISHED under the retry policy
-    LOST = "lost"  # the token was stale: nothing of the handler was committed
-    #: The runner could not record the outcome (import error, database down): the
-    #: coordinator records ``error`` itself, fenced by the same token.
-    UNRECORDED = "unrecorded"
-    #: The process running the handler died, or was killed (timeout, lost claim).
-    CRASHED = "crashed"
+class Runner(Protocol):
+    """What runs in a handler process. Picklable: process executors send it to each
+    child, where its methods run."""
+
+    def warm_up(self) -> None:
+        """Pay a new process's first-use costs (imports, connecting) before it gets work.
+        A failure is not an error here: the first task meets it and reports it."""
+
+    def run(self, task: Task) -> Result:
+        """Run one invocation and record its outcome under the task's token."""
+        ...
+
+    def dispose(self) -> None:
+        """Close what the process opened (before it exits)."""
 
 
-TaskKey = tuple[str, Any, int]
+class TemplateRunner(Runner, Protocol):
+    """A runner that can also prepare a spawn-per-task template and the processes it
+    forks (see ``executors.spawn``); ``lane`` values are opaque to the executor."""
 
+    def prepare_template(self) -> None: ...
 
-@dataclass(frozen=True, slots=True)
-class Task:
-    worker: str
-    source_id: Any
-    token: int
-    attempt: int
-    failures: int
-    #: Pickled by reference: the handler and source model must be importable.
-    handler: Callable[..., Any]
-    source: type[Any]
-    retry: RetryPolicy | None = None
+    def learn(self, worker: str, payload: bytes, source_id: Any) -> None: ...
 
-    @property
-    def key(self) -> TaskKey:
-        # The token is part of the key: an item can be claimed again (after
-        # Unfinished) before the coordinator has read the previous invocation's result.
-        return (self.worker, self.source_id, self.token)
+    def lend(self, limit: int) -> tuple[Any, bool]: ...
 
+    def lent_to(self, pid: int, lane: Any) -> None: ...
 
-@dataclass(frozen=True, slots=True)
-class Result:
-    task_key: TaskKey
-    kind: ResultKind
-    error: str | None = None
-    error_type: str | None = None
-    traceback: str | None = None
-    retry_delay: float | None = None
-    exitcode: int | None = None
-    duration: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    def exited(self, pid: int, exitcode: int) -> None: ...
 
+    def forked(self, lane: Any) -> Any: ...
 
-@dataclass(frozen=True, slots=True)
-class ChildConfig:
-    """What every handler process needs to open its own database connections."""
-
-    database_url: str
-    engine_options: dict[str, Any]
-    parent_pid: int
-    #: The dialect class the coordinator resolved (pickled by reference). Without it
-    #: a process resolves it again, and a new process pays for scanning every
-    #: installed package's entry points: on each invocation under spawn.
-    dialect: type[Dialect] | None = None
+    def leave(self, lane: Any, lent: Any) -> int: ...
 
 
 class Executor(ABC):
-    """Runs handlers; at most ``slots`` at a time."""
+    """Runs handlers; at most ``slots`` at a time.
 
-    def __init__(self, slots: int, config: ChildConfig) -> None:
+    ``parent_pid`` is the coordinator's: a handler process that outlives it exits.
+    """
+
+    def __init__(self, slots: int, runner: Runner, parent_pid: int) -> None:
         self.slots = slots
-        self.config = config
+        self.runner = runner
+        self.parent_pid = parent_pid
 
     @abstractmethod
     def start(self) -> None: ...

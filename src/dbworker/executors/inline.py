@@ -15,14 +15,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .base import ChildConfig, Executor, Result, ResultKind, Task, TaskKey
-from .runtime import Runtime, describe
+from ..core.tasks import Result, ResultKind, Task, TaskKey, describe
+from .base import Executor, Runner
 
 
 class InlineExecutor(Executor):
-    def __init__(self, slots: int, config: ChildConfig) -> None:
-        super().__init__(slots, config)
-        self._runtime = Runtime(config)
+    def __init__(self, slots: int, runner: Runner, parent_pid: int) -> None:
+        super().__init__(slots, runner, parent_pid)
         self._threads: ThreadPoolExecutor | None = None
         self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
         self._running: dict[TaskKey, Task] = {}
@@ -41,7 +40,7 @@ class InlineExecutor(Executor):
         assert self._threads is not None, "start() first"
         with self._lock:
             self._running[task.key] = task
-        future = self._threads.submit(self._runtime.run, task)
+        future = self._threads.submit(self.runner.run, task)
         future.add_done_callback(lambda done: self._done(task, done))
 
     def _done(self, task: Task, future: Future[Result]) -> None:
@@ -84,6 +83,6 @@ class InlineExecutor(Executor):
     def shutdown(self) -> None:
         if self._threads is not None:
             self._threads.shutdown(wait=True)
-        self._runtime.dispose()
+        self.runner.dispose()
         self._wake_read.close()
         self._wake_write.close()

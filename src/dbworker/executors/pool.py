@@ -9,35 +9,21 @@ never a plain fork of the threaded coordinator.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
-import dataclasses
 import logging
 import multiprocessing
-import os
-import pickle
-import select
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from sqlalchemy.engine import make_url
+from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
+from .base import Executor, Runner
+from .process import READY, child_main, describe_exit
 
-from ..dialects.registry import dialect_class
-from .base import ChildConfig, Executor, Result, ResultKind, Task, TaskKey
-from .runtime import Runtime, describe
-
-#: How often a child checks that its coordinator is still alive.
-PARENT_CHECK_SECONDS = 1.0
-#: Exit status of a handler process that outlived its coordinator.
-ORPHAN_EXIT_STATUS = 70
 #: How long shutdown waits for an idle child to exit before killing it.
 EXIT_GRACE_SECONDS = 5.0
-#: What a child sends once it can start a handler at once (imports done, connected).
-READY = "ready"
 #: A child that dies before it is ready is replaced after this long, doubling while
 #: its replacements die too: a broken interpreter or environment must not spin.
 STARTUP_RETRY_SECONDS = 0.5
@@ -51,93 +37,6 @@ def default_start_method() -> str:
     # the coordinator's threads); spawn is the portable fallback.
     methods = multiprocessing.get_all_start_methods()
     return "forkserver" if "forkserver" in methods else "spawn"
-
-
-def describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "the handler process vanished"
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"the handler process was killed by {name} (exit status {exitcode})"
-    return f"the handler process exited with status {exitcode}"
-
-
-def watch_parent(parent_pid: int) -> None:
-    """Exit this process when the coordinator ``parent_pid`` exits (from a thread)."""
-    # A bare thread: threading.Thread's bookkeeping (and its wait for the thread
-    # to start) is a tenth of a spawn-per-task process's start-up.
-    _thread.start_new_thread(_watch_parent, (parent_pid,))
-
-
-def _watch_parent(parent_pid: int) -> None:
-    # An orphaned handler would keep running beside the coordinator that takes
-    # its item over; its writes would be fenced off, but its side effects not.
-    # The coordinator is not our parent under forkserver, so watch its pid: a
-    # pidfd becomes readable when it exits; elsewhere, poll for its existence.
-    try:
-        pidfd = os.pidfd_open(parent_pid)
-    except (AttributeError, OSError):
-        pidfd = None
-    if pidfd is not None:
-        select.select([pidfd], [], [])
-        os._exit(ORPHAN_EXIT_STATUS)
-    while True:
-        time.sleep(PARENT_CHECK_SECONDS)
-        try:
-            os.kill(parent_pid, 0)
-        except ProcessLookupError:
-            os._exit(ORPHAN_EXIT_STATUS)
-        except PermissionError:
-            pass  # exists, owned by someone else: the pid was reused, but rarely so fast
-
-
-def child_main(conn: Connection, config: ChildConfig) -> None:
-    # Ctrl-C reaches the whole process group; the coordinator decides how to stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    watch_parent(config.parent_pid)
-    runtime = Runtime(config)
-    try:
-        runtime.warm_up()
-        conn.send(READY)
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                return
-            if message is None:
-                return
-            header, payload = message
-            conn.send(run_message(runtime, header, payload))
-    finally:
-        runtime.dispose()
-
-
-def run_message(runtime: Runtime, header: tuple[Any, ...], payload: bytes) -> Result:
-    worker, source_id, token, attempt, failures = header
-    try:
-        handler, source, retry = pickle.loads(payload)
-    except Exception as exc:  # the handler's module cannot be imported here
-        info = describe(exc)
-        return Result(
-            (worker, source_id, token),
-            ResultKind.UNRECORDED,
-            error=f"cannot import the handler in the worker process: {info.message}",
-            error_type=info.type,
-            traceback=info.traceback,
-        )
-    task = Task(worker, source_id, token, attempt, failures, handler, source, retry)
-    return runtime.run(task)
-
-
-def task_message(task: Task, payload: bytes) -> tuple[tuple[Any, ...], bytes]:
-    return (task.worker, task.source_id, task.token, task.attempt, task.failures), payload
-
-
-def task_payload(task: Task) -> bytes:
-    return pickle.dumps((task.handler, task.source, task.retry))
 
 
 class ProcessHandle(Protocol):
@@ -179,16 +78,13 @@ class ProcessPool(Executor):
     def __init__(
         self,
         slots: int,
-        config: ChildConfig,
+        runner: Runner,
+        parent_pid: int,
         start_method: str | None = None,
         max_tasks_per_child: int | None = None,
         spares: int = 0,
     ) -> None:
-        if config.dialect is None:
-            # Resolved here, where it is cached, and handed to every child.
-            backend = make_url(config.database_url).get_backend_name()
-            config = dataclasses.replace(config, dialect=dialect_class(backend))
-        super().__init__(slots, config)
+        super().__init__(slots, runner, parent_pid)
         # Choices are validated where users make them (strategies.py).
         self._context: Any = multiprocessing.get_context(start_method or default_start_method())
         self.max_tasks_per_child = max_tasks_per_child
@@ -215,7 +111,9 @@ class ProcessPool(Executor):
         # Not daemonic: a daemonic process may not start processes of its own,
         # and handlers are free to. Shutdown and the parent watch end them instead.
         process = self._context.Process(
-            target=child_main, args=(child_end, self.config), name="dbworker-handler"
+            target=child_main,
+            args=(child_end, self.runner, self.parent_pid),
+            name="dbworker-handler",
         )
         process.start()
         child_end.close()
@@ -371,12 +269,6 @@ class ProcessPool(Executor):
 
     def running(self) -> list[Task]:
         return [child.task for child in self._children if child.task is not None]
-
-    def started_at(self, task_key: TaskKey) -> float | None:
-        for child in self._children:
-            if child.task is not None and child.task.key == task_key:
-                return child.started
-        return None
 
     def shutdown(self) -> None:
         for child in self._children:

@@ -11,7 +11,9 @@ exactly one handler and exits. The template never runs a handler, so every
 handler process starts from the same clean state: the isolation of spawn-per-task
 at the price of a fork and a connect. Where the database allows it (PostgreSQL),
 not even the connect: the template lends each process an idle connection of its
-own, whose session the process resets on its way out (``_Lanes``).
+own, whose session the process resets on its way out (``invocation.lending``).
+What touches the database, in the template and in each process, is the runner's
+(``TemplateRunner``); this module only forks, watches and reaps.
 
 The template is single-threaded (its loop selects on its control connection, the
 coordinator and its children), so forking it is safe, unlike forking the threaded
@@ -28,7 +30,6 @@ import gc
 import logging
 import multiprocessing
 import os
-import pickle
 import select
 import signal
 import socket
@@ -39,25 +40,13 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
-from sqlalchemy import Engine
-from sqlalchemy.orm import configure_mappers
-
-from ..dialects.liveness import used_elsewhere
-from .base import ChildConfig, Task
-from .pool import (
-    READY,
-    ProcessHandle,
-    ProcessPool,
-    default_start_method,
-    run_message,
-    watch_parent,
-)
-from .runtime import Runtime
+from ..core.tasks import Task
+from .base import TemplateRunner
+from .pool import ProcessHandle, ProcessPool, default_start_method
+from .process import READY, answer, watch_parent
 
 #: How many exit statuses of processes not (yet) known by pid are kept.
 MAX_UNCLAIMED_STATUSES = 4096
-#: Exit status of a handler process whose lent connection had to be replaced.
-LANE_REPLACED = 75
 #: How long shutdown waits for the template to exit before killing it.
 TEMPLATE_EXIT_SECONDS = 5.0
 
@@ -79,20 +68,15 @@ def pidfds_supported() -> bool:
 # -- in the template process ------------------------------------------------------------
 
 
-def template_main(control: Connection, config: ChildConfig) -> None:
+def template_main(control: Connection, runner: TemplateRunner, parent_pid: int) -> None:
     # Ctrl-C reaches the whole process group; the coordinator decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    runtime = Runtime(config)
-    runtime.warm_up()
-    # Connected once, so SQLAlchemy's dialect has run its start-up queries; no
-    # connection may cross a fork, so close it again.
-    runtime.dispose()
+    runner.prepare_template()
     _freeze()
-    coordinator = os.pidfd_open(config.parent_pid)
+    coordinator = os.pidfd_open(parent_pid)
     children: dict[int, int] = {}  # pidfd -> pid
-    lanes = _Lanes(runtime)
     try:
-        _serve(control, coordinator, children, runtime, config, lanes)
+        _serve(control, coordinator, children, runner, parent_pid)
     except (EOFError, OSError):
         pass  # the coordinator closed its end: it is stopping, or gone
     finally:
@@ -107,9 +91,8 @@ def _serve(
     control: Connection,
     coordinator: int,
     children: dict[int, int],
-    runtime: Runtime,
-    config: ChildConfig,
-    lanes: _Lanes,
+    runner: TemplateRunner,
+    parent_pid: int,
 ) -> None:
     while True:
         readable, _, _ = select.select([control.fileno(), coordinator, *children], [], [])
@@ -121,7 +104,7 @@ def _serve(
                 os.close(fd)
                 _, status = os.waitpid(pid, 0)
                 exitcode = os.waitstatus_to_exitcode(status)
-                lanes.returned(pid, exitcode)
+                runner.exited(pid, exitcode)
                 control.send(("exited", pid, exitcode))
         if control.fileno() not in readable:
             continue
@@ -129,12 +112,13 @@ def _serve(
         if message is None:
             return
         if message[0] == "learn":
-            _learn(runtime, *message[1:])
-            lanes.learned()
+            runner.learn(*message[1:])
             _freeze()
         elif message[0] == "fork":
             channel = recv_handle(control)
-            lane = lanes.lend(limit=message[1])
+            lane, new = runner.lend(limit=message[1])
+            if new:
+                _freeze()  # the new connection's objects too: see _freeze
             try:
                 pid = os.fork()
             except OSError as exc:  # out of processes or memory: the coordinator sees EOF
@@ -143,21 +127,10 @@ def _serve(
                 continue
             if pid == 0:
                 inherited = [control.fileno(), coordinator, *children]
-                _forked(channel, runtime, config, inherited, lane, lanes.returned_at(lane))
+                _forked(channel, runner, parent_pid, inherited, lane)
             os.close(channel)
             children[os.pidfd_open(pid)] = pid
-            lanes.lent_to(pid, lane)
-
-
-def _learn(runtime: Runtime, worker: str, payload: bytes, source_id: Any) -> None:
-    """Do once, for every later process, what a worker's invocations all do first:
-    import the handler, configure the mappers, build the execution table, compile
-    the statements (about half of a fresh process's work for a trivial handler)."""
-    with contextlib.suppress(Exception):  # an invocation meets it again and reports it
-        _handler, source, _retry = pickle.loads(payload)
-        configure_mappers()
-        runtime.rehearse(worker, source, source_id)
-    runtime.dispose()
+            runner.lent_to(pid, lane)
 
 
 def _freeze() -> None:
@@ -167,80 +140,8 @@ def _freeze() -> None:
     gc.freeze()
 
 
-def _dbapi_connection(engine: Engine) -> Any:
-    with engine.connect() as conn:
-        return conn.connection.dbapi_connection
-
-
-class _Lanes:
-    """Connections the template opens and lends, each to one handler process at a time.
-
-    Where the dialect allows it (``sessions_outlive_processes``), a handler process
-    does not connect: it inherits a connection the template opened and left idle,
-    and on its way out resets the session and leaves the connection open. The
-    template lends it again once that process has exited cleanly; after any other
-    exit (a crash, a kill, a failed reset) it closes the connection, which ends the
-    session and rolls back whatever the process left open. Saves each invocation a
-    connection, and on PostgreSQL a server backend process with cold caches.
-    """
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.enabled = runtime.dialect.sessions_outlive_processes
-        self.free: list[Engine] = []
-        self.lent: dict[int, Engine] = {}
-        #: When each free engine's connection was last in use (by the process that had it).
-        self.used_at: dict[Engine, float] = {}
-
-    def lend(self, limit: int) -> Engine | None:
-        """A connected engine for the next process, or None: it connects itself."""
-        if not self.enabled:
-            return None
-        if self.free:
-            return self.free.pop()
-        if len(self.lent) >= limit:
-            return None
-        try:
-            engine = self.runtime.new_engine()
-            with engine.connect():
-                pass
-            self.runtime.rehearse_all(engine)
-        except Exception:  # the process connects itself, and meets the error there
-            return None
-        _freeze()  # the new engine's objects too: see _freeze
-        return engine
-
-    def lent_to(self, pid: int, engine: Engine | None) -> None:
-        if engine is not None:
-            self.lent[pid] = engine
-
-    def returned(self, pid: int, exitcode: int) -> None:
-        engine = self.lent.pop(pid, None)
-        if engine is None:
-            return
-        if exitcode == 0:
-            self.free.append(engine)
-            # Reset (so alive) as that process exited: the next needs no ping first.
-            self.used_at[engine] = time.monotonic()
-        else:
-            self.used_at.pop(engine, None)
-            engine.dispose()
-
-    def returned_at(self, engine: Engine | None) -> float | None:
-        return None if engine is None else self.used_at.get(engine)
-
-    def learned(self) -> None:
-        for engine in self.free:
-            self.runtime.rehearse_all(engine)
-
-
 def _forked(
-    channel: int,
-    runtime: Runtime,
-    config: ChildConfig,
-    inherited: list[int],
-    lane: Engine | None,
-    lane_used_at: float | None,
+    channel: int, runner: TemplateRunner, parent_pid: int, inherited: list[int], lane: Any
 ) -> None:
     """A handler process: connect (or take over ``lane``'s connection), say ready, run
     one invocation, exit. Never returns."""
@@ -248,41 +149,17 @@ def _forked(
     try:
         for fd in inherited:
             os.close(fd)  # the template's; holding them would hide its exit and theirs
-        watch_parent(config.parent_pid)
+        watch_parent(parent_pid)
         conn = Connection(channel)
-        lent = None
-        if lane is not None:
-            runtime.use_engine(lane)  # connected, its session warm
-            if lane_used_at is not None:
-                used_elsewhere(lane, lane_used_at)
-            lent = _dbapi_connection(lane)  # pinged if it idled: alive, or replaced
-        else:
-            runtime.connect()  # all else was prepared in the template
-        if lane is None and runtime.dialect.new_connection_is_cold:
-            # Once more, on this process's own connection and before it says ready:
-            # the server loads what these statements need into the new session now,
-            # off the item's time.
-            runtime.rehearse_all()
+        lent = runner.forked(lane)
         try:
             conn.send((READY, os.getpid()))
             message = conn.recv()
             if message is not None:
-                header, payload = message
-                conn.send(run_message(runtime, header, payload))
+                conn.send(answer(runner, message))
         except (EOFError, OSError):
             pass  # the coordinator let this process go (shutdown) or died
-        if lane is None:
-            runtime.dispose()
-            status = 0
-        else:
-            # Leave the connection open for the template to lend again, its session
-            # as new; if that fails, the exit status tells the template to close it.
-            with runtime.engine.connect() as db:
-                runtime.dialect.reset_session(db)
-                # A connection the pool replaced (the lent one had died) is this
-                # process's alone; the template must not lend its dead one again.
-                kept = db.connection.dbapi_connection is lent
-            status = 0 if kept else LANE_REPLACED
+        status = runner.leave(lane, lent)
     except BaseException:
         with contextlib.suppress(Exception):
             import traceback
@@ -303,13 +180,19 @@ def _forked(
 class Template:
     """The coordinator's handle on the template process and its control connection."""
 
-    def __init__(self, config: ChildConfig, start_method: str | None, lane_limit: int) -> None:
+    def __init__(
+        self,
+        runner: TemplateRunner,
+        parent_pid: int,
+        start_method: str | None,
+        lane_limit: int,
+    ) -> None:
         #: At most this many connections lent at once (processes running, spare, exiting).
         self.lane_limit = lane_limit
         context: Any = multiprocessing.get_context(start_method or default_start_method())
         self.control, child_end = context.Pipe()
         self.process = context.Process(
-            target=template_main, args=(child_end, config), name="dbworker-template"
+            target=template_main, args=(child_end, runner, parent_pid), name="dbworker-template"
         )
         self.process.start()
         child_end.close()
@@ -445,9 +328,18 @@ class ForkedProcess:
 class SpawnExecutor(ProcessPool):
     """A pool whose every process runs one task, forked from a warm template."""
 
-    def __init__(self, slots: int, config: ChildConfig, start_method: str | None = None) -> None:
+    def __init__(
+        self,
+        slots: int,
+        runner: TemplateRunner,
+        parent_pid: int,
+        start_method: str | None = None,
+    ) -> None:
         # A spare per slot: when a task ends, the next process is already connected.
-        super().__init__(slots, config, start_method, max_tasks_per_child=1, spares=slots)
+        super().__init__(
+            slots, runner, parent_pid, start_method, max_tasks_per_child=1, spares=slots
+        )
+        self.template_runner = runner
         self._start_method = start_method
         self._template: Template | None = None
         #: An item of each worker seen, for a new template to prepare with.
@@ -460,7 +352,9 @@ class SpawnExecutor(ProcessPool):
             # Processes running, spare, and on their way out (one per slot at most:
             # a process exits right after its result, as its successor starts).
             lanes = 2 * self.slots + self.spares
-            self._template = Template(self.config, self._start_method, lanes)
+            self._template = Template(
+                self.template_runner, self.parent_pid, self._start_method, lanes
+            )
             for worker, source_id in self._examples.items():
                 self._template.learn(worker, self._payloads[worker], source_id)
         return self._template.fork()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import ConfigurationError
-from .base import ChildConfig, Executor
+from .base import Executor, TemplateRunner
 
 
 def _check_max_tasks(value: object) -> None:
@@ -32,8 +32,17 @@ def _check_start_method(method: str | None) -> None:
         raise ConfigurationError(f"start method {method!r} is not available on this system")
 
 
+class _Choice:
+    """What every executor choice offers besides ``build``."""
+
+    __slots__ = ()
+
+    def check_handler(self, worker: str, handler: object, source: type[Any]) -> None:
+        """Raise ConfigurationError if this executor cannot run ``handler`` (at registration)."""
+
+
 @dataclass(frozen=True, slots=True)
-class Pool:
+class Pool(_Choice):
     """Persistent child processes (forkserver or spawn), replaced when they die.
 
     ``max_tasks_per_child`` recycles a child after that many invocations (leaks).
@@ -46,14 +55,14 @@ class Pool:
         _check_max_tasks(self.max_tasks_per_child)
         _check_start_method(self.start_method)
 
-    def build(self, slots: int, config: ChildConfig) -> Executor:
+    def build(self, slots: int, runner: TemplateRunner, parent_pid: int) -> Executor:
         from .pool import ProcessPool
 
-        return ProcessPool(slots, config, self.start_method, self.max_tasks_per_child)
+        return ProcessPool(slots, runner, parent_pid, self.start_method, self.max_tasks_per_child)
 
 
 @dataclass(frozen=True, slots=True)
-class SpawnPerTask:
+class SpawnPerTask(_Choice):
     """A fresh process for every invocation: isolation from leaks and native crashes.
 
     Each process is forked from a template process that has imported the handler,
@@ -67,20 +76,20 @@ class SpawnPerTask:
     def __post_init__(self) -> None:
         _check_start_method(self.start_method)
 
-    def build(self, slots: int, config: ChildConfig) -> Executor:
+    def build(self, slots: int, runner: TemplateRunner, parent_pid: int) -> Executor:
         from .spawn import SpawnExecutor, pidfds_supported
 
         if pidfds_supported():
-            return SpawnExecutor(slots, config, self.start_method)
+            return SpawnExecutor(slots, runner, parent_pid, self.start_method)
         from .pool import ProcessPool
 
         # Without pidfds the coordinator cannot safely watch or kill a process that
         # is not its child: each invocation gets a process started by multiprocessing.
-        return ProcessPool(slots, config, self.start_method, max_tasks_per_child=1)
+        return ProcessPool(slots, runner, parent_pid, self.start_method, max_tasks_per_child=1)
 
 
 @dataclass(frozen=True, slots=True)
-class Subprocess:
+class Subprocess(_Choice):
     """``python -m`` children with their own interpreter, environment and directory."""
 
     python: str = field(default_factory=lambda: sys.executable)
@@ -93,21 +102,32 @@ class Subprocess:
         if not isinstance(self.python, str) or not self.python:
             raise ConfigurationError(f"python must be an interpreter path, got {self.python!r}")
 
-    def build(self, slots: int, config: ChildConfig) -> Executor:
+    def build(self, slots: int, runner: TemplateRunner, parent_pid: int) -> Executor:
         from .subprocess import SubprocessPool
 
         env = None if self.env is None else dict(self.env)
-        return SubprocessPool(slots, config, self.python, env, self.cwd, self.max_tasks_per_child)
+        return SubprocessPool(
+            slots, runner, parent_pid, self.python, env, self.cwd, self.max_tasks_per_child
+        )
+
+    def check_handler(self, worker: str, handler: object, source: type[Any]) -> None:
+        for what, obj in (("handler", handler), ("source model", source)):
+            if getattr(obj, "__module__", None) == "__main__":
+                raise ConfigurationError(
+                    f"the {what} of worker {worker!r} is defined in __main__, which a "
+                    "subprocess executor's interpreter cannot import; move it to an "
+                    "importable module"
+                )
 
 
 @dataclass(frozen=True, slots=True)
-class Inline:
+class Inline(_Choice):
     """Threads in the coordinator's process: for tests and debugging; cannot kill."""
 
-    def build(self, slots: int, config: ChildConfig) -> Executor:
+    def build(self, slots: int, runner: TemplateRunner, parent_pid: int) -> Executor:
         from .inline import InlineExecutor
 
-        return InlineExecutor(slots, config)
+        return InlineExecutor(slots, runner, parent_pid)
 
 
 ExecutorChoice = Pool | SpawnPerTask | Subprocess | Inline

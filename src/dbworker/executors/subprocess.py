@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .base import ChildConfig
+from .base import Runner
 from .pool import ProcessHandle, ProcessPool
 
 CHILD_MODULE = "dbworker.executors.subprocess_child"
@@ -63,14 +63,15 @@ class SubprocessPool(ProcessPool):
     def __init__(
         self,
         slots: int,
-        config: ChildConfig,
+        runner: Runner,
+        parent_pid: int,
         python: str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         max_tasks_per_child: int | None = None,
     ) -> None:
         super().__init__(
-            slots, config, start_method="spawn", max_tasks_per_child=max_tasks_per_child
+            slots, runner, parent_pid, start_method="spawn", max_tasks_per_child=max_tasks_per_child
         )
         self.python = python or sys.executable
         self.env = dict(os.environ if env is None else env)
@@ -89,7 +90,7 @@ class SubprocessPool(ProcessPool):
         child_sock.close()
         conn = Connection(parent_sock.detach())
         # A child that already exited (a broken interpreter or environment) cannot
-        # take its config; the pool sees it die before it is ready and says so.
+        # take its runner; the pool sees it die before it is ready and says so.
         with contextlib.suppress(OSError):
-            conn.send(self.config)
+            conn.send((self.runner, self.parent_pid))
         return PopenHandle(popen), conn

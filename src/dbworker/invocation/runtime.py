@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-import traceback
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Engine, Integer, bindparam, create_engine, inspect, select
@@ -17,41 +17,26 @@ from sqlalchemy.orm import Session
 
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
-from ..core.timing import RetryPolicy
-from ..dialects import Dialect, ErrorInfo, WorkerTable, for_engine
-from ..dialects.base import _bounded
-from ..schema import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, detached_table
-from .base import ChildConfig, Result, ResultKind, Task
+from ..core.policy import Ending, decide
+from ..core.tasks import Result, ResultKind, Task, describe
+from ..dialects import Dialect, WorkerTable, for_engine
+from ..dialects.base import NEVER_ISSUED_TOKEN
+from ..schema import detached_table
+from .session import HandlerSession
 
-#: Retries of a handler whose transaction failed on a transient database error
-#: (connection lost, deadlock, serialization failure), with or without a retry policy.
-DATABASE_RETRY = RetryPolicy(max_retries=10, base_delay=1.0, max_delay=60.0)
-#: Claims are numbered from 1, so no fenced statement under this token matches a row.
-NEVER_ISSUED_TOKEN = -1
+FINISHED = decide(Ending.FINISHED)
 
 
-class HandlerSession(Session):
-    """The session a handler receives. dbworker owns its commit and its cleanup."""
+@dataclass(frozen=True, slots=True)
+class ChildConfig:
+    """What every handler process needs to open its own database connections."""
 
-    _dbworker_guarded = False
-    _dbworker_misuse: str | None = None
-
-    def commit(self) -> None:
-        if self._dbworker_guarded:
-            self._dbworker_misuse = "the handler called session.commit()"
-            raise HandlerContractError(
-                "do not commit the session dbworker gives a handler: return Finished() or "
-                "Unfinished() and dbworker commits your writes with the status change"
-            )
-        super().commit()
-
-    def close(self) -> None:
-        if self._dbworker_guarded:
-            self._dbworker_misuse = "the handler called session.close()"
-            raise HandlerContractError(
-                "do not close the session dbworker gives a handler; dbworker closes it"
-            )
-        super().close()
+    database_url: str
+    engine_options: dict[str, Any]
+    #: The dialect class the coordinator resolved (pickled by reference). Without it
+    #: a process resolves it again, and a new process pays for scanning every
+    #: installed package's entry points: on each invocation under spawn.
+    dialect: type[Dialect] | None = None
 
 
 class Runtime:
@@ -168,7 +153,7 @@ class Runtime:
     def run(self, task: Task) -> Result:
         started = time.monotonic()
         result = self._run(task)
-        return _with_duration(result, time.monotonic() - started)
+        return replace(result, duration=time.monotonic() - started)
 
     def _run(self, task: Task) -> Result:
         worker = self.prepare(task.worker, task.source)
@@ -194,15 +179,14 @@ class Runtime:
                 # The handler's own writes first: their errors are the handler's, and
                 # the execution row is then locked only for the final statement.
                 session.flush()
-                conn = session.connection()
                 if isinstance(outcome, Finished):
-                    done = self.dialect.finish(conn, worker, task.source_id, task.token)
-                    kind = ResultKind.FINISHED
+                    decision, kind = FINISHED, ResultKind.FINISHED
                 else:
-                    done = self.dialect.unfinish(
-                        conn, worker, task.source_id, task.token, outcome.delay
-                    )
+                    decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                     kind = ResultKind.UNFINISHED
+                done = self.dialect.record(
+                    session.connection(), worker, task.source_id, task.token, decision
+                )
                 session._dbworker_guarded = False
                 if not done:
                     session.rollback()
@@ -218,13 +202,14 @@ class Runtime:
 
     def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:
         info = describe(exc)
-        retry_delay = None
-        if task.retry is not None and task.retry.applies(exc, task.failures):
-            retry_delay = task.retry.delay(task.failures)
-        elif self.dialect.is_transient(exc) and DATABASE_RETRY.applies(exc, task.failures):
-            # A lost connection or a deadlock is the database's doing, not the
-            # handler's: its transaction rolled back, so run it again, a few times.
-            retry_delay = DATABASE_RETRY.delay(task.failures)
+        decision = decide(
+            Ending.RAISED,
+            failures=task.failures,
+            retry=task.retry,
+            error=exc,
+            transient=self.dialect.is_transient(exc),
+        )
+        retry_delay = None if decision.gives_up else decision.delay
 
         def result(kind: ResultKind, **extra: Any) -> Result:
             return Result(
@@ -239,35 +224,9 @@ class Runtime:
 
         try:
             with self.engine.begin() as conn:
-                done = self.dialect.fail(
-                    conn, worker, task.source_id, task.token, info, retry_delay
-                )
+                done = self.dialect.record(conn, worker, task.source_id, task.token, decision, info)
         except Exception as db_exc:  # the coordinator will record it instead
             return result(ResultKind.UNRECORDED, recording_error=repr(db_exc))
         if not done:
             return result(ResultKind.LOST)
-        return result(ResultKind.FAILED if retry_delay is None else ResultKind.RETRYING)
-
-
-def describe(exc: BaseException) -> ErrorInfo:
-    kind = type(exc)
-    name = (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else f"{kind.__module__}.{kind.__qualname__}"
-    )
-    message = f"{kind.__name__}: {exc}" if str(exc) else kind.__name__
-    trace = "".join(traceback.format_exception(exc))
-    # Bounded where the error is born, as the database stores it: a megabyte-long
-    # message must not travel through pipes into every log record either.
-    return ErrorInfo(
-        _bounded(message, MAX_ERROR_CHARS) or message,
-        name,
-        _bounded(trace, MAX_TRACEBACK_CHARS) or trace,
-    )
-
-
-def _with_duration(result: Result, duration: float) -> Result:
-    from dataclasses import replace
-
-    return replace(result, duration=duration)
+        return result(ResultKind.FAILED if decision.gives_up else ResultKind.RETRYING)

@@ -1,0 +1,136 @@
+"""The runner the coordinator hands an executor: what runs in each handler process.
+
+Executors know processes, not databases: they start a process, hand it this
+runner (pickled by reference to its class, with the configuration), and move
+task messages to it and results back. Everything that touches the database in a
+handler process happens behind these methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import configure_mappers
+
+from ..core.tasks import Result, Task
+from ..dialects.liveness import used_elsewhere
+from .lending import LentConnections
+from .runtime import ChildConfig, Runtime
+
+#: Exit status of a handler process whose lent connection had to be replaced.
+LANE_REPLACED = 75
+
+
+class ProcessRunner:
+    """Runs invocations in the process it lives in, on that process's own engine."""
+
+    def __init__(self, config: ChildConfig) -> None:
+        self.config = config
+        self._runtime: Runtime | None = None
+        self._lending: LentConnections | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only the configuration crosses to a new process; engines never do.
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.config = state["config"]
+        self._runtime = None
+        self._lending = None
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            self._runtime = Runtime(self.config)
+        return self._runtime
+
+    # -- every handler process ---------------------------------------------------------
+
+    def warm_up(self) -> None:
+        self.runtime.warm_up()
+
+    def run(self, task: Task) -> Result:
+        return self.runtime.run(task)
+
+    def dispose(self) -> None:
+        if self._runtime is not None:
+            self._runtime.dispose()
+
+    # -- a spawn-per-task template and the processes it forks ------------------------------
+
+    def prepare_template(self) -> None:
+        """Pay, once for every process the template will fork, for imports and the
+        SQLAlchemy dialect's start-up queries; keep no connection (none may cross a fork)."""
+        self.runtime.warm_up()
+        self.runtime.dispose()
+        self._lending = LentConnections(self.runtime)
+
+    def learn(self, worker: str, payload: bytes, source_id: Any) -> None:
+        """Do once, for every later process, what a worker's invocations all do first:
+        import the handler, configure the mappers, build the execution table, compile
+        the statements (about half of a fresh process's work for a trivial handler)."""
+        with contextlib.suppress(Exception):  # an invocation meets it again and reports it
+            _handler, source, _retry = pickle.loads(payload)
+            configure_mappers()
+            self.runtime.rehearse(worker, source, source_id)
+        self.runtime.dispose()
+        if self._lending is not None:
+            self._lending.learned()
+
+    def lend(self, limit: int) -> tuple[Engine | None, bool]:
+        """A connection for the next forked process (at most ``limit`` lent at once), and
+        whether it is new; None: the process connects itself."""
+        assert self._lending is not None, "prepare_template() first"
+        return self._lending.lend(limit)
+
+    def lent_to(self, pid: int, lane: Engine | None) -> None:
+        assert self._lending is not None, "prepare_template() first"
+        self._lending.lent_to(pid, lane)
+
+    def exited(self, pid: int, exitcode: int) -> None:
+        """A forked process exited: take back (or close) the connection it had."""
+        if self._lending is not None:
+            self._lending.returned(pid, exitcode)
+
+    def forked(self, lane: Engine | None) -> Any:
+        """In a forked process, before it says ready: connect, or take over ``lane``."""
+        runtime = self.runtime
+        lent = None
+        if lane is not None:
+            runtime.use_engine(lane)  # connected, its session warm
+            assert self._lending is not None
+            returned_at = self._lending.returned_at(lane)
+            if returned_at is not None:
+                used_elsewhere(lane, returned_at)
+            lent = _dbapi_connection(lane)  # pinged if it idled: alive, or replaced
+        else:
+            runtime.connect()  # all else was prepared in the template
+        if lane is None and runtime.dialect.new_connection_is_cold:
+            # Once more, on this process's own connection and before it says ready:
+            # the server loads what these statements need into the new session now,
+            # off the item's time.
+            runtime.rehearse_all()
+        return lent
+
+    def leave(self, lane: Engine | None, lent: Any) -> int:
+        """In a forked process, after its invocation: the exit status to leave with."""
+        runtime = self.runtime
+        if lane is None:
+            runtime.dispose()
+            return 0
+        # Leave the connection open for the template to lend again, its session as
+        # new; if that fails, the exit status tells the template to close it.
+        with runtime.engine.connect() as db:
+            runtime.dialect.reset_session(db)
+            # A connection the pool replaced (the lent one had died) is this process's
+            # alone; the template must not lend its dead one again.
+            kept = db.connection.dbapi_connection is lent
+        return 0 if kept else LANE_REPLACED
+
+
+def _dbapi_connection(engine: Engine) -> Any:
+    with engine.connect() as conn:
+        return conn.connection.dbapi_connection

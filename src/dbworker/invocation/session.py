@@ -1,0 +1,31 @@
+"""The session a handler receives."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from ..core.errors import HandlerContractError
+
+
+class HandlerSession(Session):
+    """The session a handler receives. dbworker owns its commit and its cleanup."""
+
+    _dbworker_guarded = False
+    _dbworker_misuse: str | None = None
+
+    def commit(self) -> None:
+        if self._dbworker_guarded:
+            self._dbworker_misuse = "the handler called session.commit()"
+            raise HandlerContractError(
+                "do not commit the session dbworker gives a handler: return Finished() or "
+                "Unfinished() and dbworker commits your writes with the status change"
+            )
+        super().commit()
+
+    def close(self) -> None:
+        if self._dbworker_guarded:
+            self._dbworker_misuse = "the handler called session.close()"
+            raise HandlerContractError(
+                "do not close the session dbworker gives a handler; dbworker closes it"
+            )
+        super().close()

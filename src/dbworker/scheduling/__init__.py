@@ -1,0 +1,8 @@
+"""The scheduler: the loop, the outbox of writes that must land, the discovery and
+sweep schedule, and what happens when an invocation ends; one module per idea."""
+
+from .loop import Scheduler
+from .outbox import Health
+from .state import Held, WorkerState
+
+__all__ = ["Health", "Held", "Scheduler", "WorkerState"]

@@ -1,0 +1,86 @@
+"""When each worker looks for new source rows, and for rows committed out of key order.
+
+Discovery adds pending records above the watermark (the largest known key). Rows
+whose inserts commit after a larger key was discovered land below it: a sweep of
+the keys discovered recently (within ``SWEEP_HORIZON_SECONDS``) finds them, and
+a full sweep, rarely, anything older.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..dialects import Dialect, WorkerTable
+
+if TYPE_CHECKING:
+    from .outbox import Outbox
+
+#: Recent watermarks kept for the sweep that finds rows committed out of key order.
+SWEEP_HORIZON_SECONDS = 120.0
+SWEEP_EVERY_SECONDS = 5.0
+#: A full anti-join sweep (cost grows with the source table) runs this rarely.
+FULL_SWEEP_EVERY_SECONDS = 600.0
+
+
+@dataclass(slots=True)
+class DiscoverySchedule:
+    """One worker's discovery and sweep schedule (times are ``time.monotonic()``)."""
+
+    watermarks: collections.deque[tuple[float, Any]] = field(default_factory=collections.deque)
+    next_sweep: float = 0.0
+    next_full_sweep: float = 0.0
+    next_discovery: float = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_discovery
+
+    def run(self, outbox: Outbox, dialect: Dialect, table: WorkerTable, now: float) -> None:
+        """Discover (and sweep, when due) in transactions of ``outbox``; raises Deferred."""
+        name = table.name
+        if now >= self.next_full_sweep:
+            outbox.transaction(
+                f"sweeping all rows of worker={name}",
+                lambda conn: repeat_while_adding(lambda: dialect.sweep(conn, table)),
+            )
+            self.next_full_sweep = now + FULL_SWEEP_EVERY_SECONDS
+            self.next_sweep = now + SWEEP_EVERY_SECONDS
+        elif table.monotonic_keys and now >= self.next_sweep:
+            # Keep the newest watermark older than the horizon: keys above it were
+            # handed out within the horizon.
+            watermarks = self.watermarks
+            while len(watermarks) > 1 and watermarks[1][0] < now - SWEEP_HORIZON_SECONDS:
+                watermarks.popleft()
+            if watermarks:
+                seen_at, oldest = watermarks[0]
+                # Until a watermark is older than the horizon, a key handed out before
+                # the first one was seen can still commit below it: sweep every key.
+                above = oldest if seen_at <= now - SWEEP_HORIZON_SECONDS else None
+                outbox.transaction(
+                    f"sweeping recent rows of worker={name}",
+                    lambda conn: dialect.sweep(conn, table, above=above),
+                )
+            self.next_sweep = now + SWEEP_EVERY_SECONDS
+        if not table.monotonic_keys:
+            outbox.transaction(
+                f"discovering rows of worker={name}", lambda conn: dialect.discover(conn, table)
+            )
+            return
+        watermark = outbox.transaction(
+            f"discovering rows of worker={name}",
+            lambda conn: (dialect.discover(conn, table), dialect.watermark(conn, table))[1],
+        )
+        if watermark is not None and (not self.watermarks or self.watermarks[-1][1] != watermark):
+            self.watermarks.append((now, watermark))
+
+
+def repeat_while_adding(step: Callable[[], int]) -> int:
+    """Run ``step`` (which adds records and says how many) until it adds none."""
+    total = 0
+    while True:
+        added = step()
+        total += added
+        if added == 0:
+            return total

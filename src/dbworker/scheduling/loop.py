@@ -1,0 +1,218 @@
+"""The scheduling loop: the imperative shell around core, dialect and executors.
+
+One thread per coordinator. Each pass it collects handler results, renews held
+leases, enforces timeouts and claims new work for workers with free slots, then
+sleeps until the next of: a result, a renewal, a poll. Database errors never end
+the loop: a failed write waits in the outbox until it lands, and polling backs off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import socket
+import threading
+import time
+from multiprocessing.connection import wait
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from ..core.timing import Timings
+from ..dialects import Dialect, Owner
+from .outbox import Deferred, Health, Outbox
+from .outcomes import Outcomes
+from .state import WorkerState
+
+log = logging.getLogger("dbworker")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine: Engine,
+        dialect: Dialect,
+        states: list[WorkerState],
+        timings: Timings,
+        owner: Owner,
+    ) -> None:
+        self.dialect = dialect
+        self.states = {state.worker.name: state for state in states}
+        self.timings = timings
+        self.owner = owner
+        self.health = Health()
+        self.outbox = Outbox(engine, dialect, self.health)
+        self.outcomes = Outcomes(self.outbox, dialect, self.states, self.health)
+        self._stopping = threading.Event()
+        self._kill_at: float | None = None
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._next_renewal = time.monotonic() + timings.renew_every
+        self.thread = threading.Thread(target=self._run, name="dbworker-scheduler")
+
+    # -- control (any thread) ------------------------------------------------------
+
+    def start(self) -> None:
+        for state in self.states.values():
+            state.executor.start()
+        self.health.running = True
+        self.thread.start()
+
+    def request_stop(self, kill_after: float | None) -> None:
+        if kill_after is not None:
+            self._kill_at = time.monotonic() + kill_after
+        self._stopping.set()
+        self.wake()
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_write.send(b"x")
+
+    # -- the loop ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                now = time.monotonic()
+                self._collect()
+                self.outbox.flush()
+                if self._stopping.is_set():
+                    if self._kill_at is not None and now >= self._kill_at:
+                        self.outcomes.kill_running()
+                    if not self._busy():
+                        break
+                self.outcomes.enforce_timeouts(now)
+                if now >= self._next_renewal:
+                    self._renew()
+                for state in self.states.values():
+                    # Checked per worker: a stop requested during one worker's poll must
+                    # keep the next one from claiming.
+                    if (
+                        not self._stopping.is_set()
+                        and state.executor.free_slots()
+                        and now >= state.next_poll
+                    ):
+                        self._poll(state, now)
+                self._sleep()
+        except BaseException as exc:  # pragma: no cover - a bug; say so loudly, then clean up
+            log.exception("dbworker scheduler stopped by an unexpected error")
+            self.health.crashed = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            for state in self.states.values():
+                state.executor.shutdown()
+            self.health.running = False
+            self._wake_read.close()
+            self._wake_write.close()
+
+    def _busy(self) -> bool:
+        return bool(self.outbox.pending) or any(state.held for state in self.states.values())
+
+    def _sleep(self) -> None:
+        now = time.monotonic()
+        deadlines = [self._next_renewal]
+        if not self._stopping.is_set():
+            deadlines += [
+                state.next_poll for state in self.states.values() if state.executor.free_slots()
+            ]
+        else:
+            deadlines.append(now + 0.1)
+        if self.outbox.pending:
+            deadlines.append(self.outbox.blocked_until)
+        for state in self.states.values():
+            if state.worker.timeout is not None:
+                deadlines += [h.started + state.worker.timeout for h in state.held.values()]
+        if self._kill_at is not None:
+            deadlines.append(self._kill_at)
+        timeout = max(0.0, min(deadlines) - now)
+        handles: list[Any] = [self._wake_read]
+        for state in self.states.values():
+            handles.extend(state.executor.wait_handles())
+        if wait(handles, timeout):
+            try:
+                while self._wake_read.recv(4096):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+
+    def _collect(self) -> None:
+        for state in self.states.values():
+            for result in state.executor.collect():
+                self.outcomes.handle(state, result)
+
+    # -- renewal ---------------------------------------------------------------------
+
+    def _renew(self) -> None:
+        self._next_renewal = time.monotonic() + self.timings.renew_every
+        for state in self.states.values():
+            if not state.held:
+                continue
+            held = [(source_id, h.token) for source_id, h in state.held.items()]
+            try:
+                lost = self.outbox.transaction(
+                    f"renewing the leases of worker={state.worker.name}",
+                    functools.partial(self._renew_worker, state=state, held=held),
+                )
+            except Deferred:
+                # Try again as soon as the database may answer, not a renewal period
+                # later: after an outage longer than the lease, the renewal must come
+                # before the next claim, or this coordinator takes over its own items.
+                self._next_renewal = min(self._next_renewal, self.outbox.blocked_until)
+                continue
+            for source_id in lost:
+                # Fenced renewal failed: another holder has the item. Stop this one so
+                # it does not keep working beside the new holder.
+                self.outcomes.lost(state, source_id)
+
+    def _renew_worker(
+        self, conn: Connection, state: WorkerState, held: list[tuple[Any, int]]
+    ) -> list[Any]:
+        table = state.worker.table
+        missed = self.dialect.renew(conn, table, held, self.timings.lease_seconds)
+        tokens = dict(held)
+        # A handler that just completed also fails the renewal (no longer WORKING),
+        # with its token still current: that is not a lost claim.
+        return [
+            source_id
+            for source_id in missed
+            if self.dialect.current_token(conn, table, source_id) != tokens[source_id]
+        ]
+
+    # -- polling and claiming --------------------------------------------------------
+
+    def _poll(self, state: WorkerState, now: float) -> None:
+        worker = state.worker
+        try:
+            if state.discovery.due(now):
+                # While claims come back full, known records feed them: look for new
+                # rows once per poll interval (the latency of an idle worker's poll),
+                # not before every claim.
+                state.discovery.run(self.outbox, self.dialect, worker.table, now)
+                state.discovery.next_discovery = now + self.timings.poll_seconds
+            free = state.executor.free_slots()
+            claims = self.outbox.transaction(
+                f"claiming for worker={worker.name}",
+                lambda conn: self.dialect.claim(
+                    conn,
+                    worker.table,
+                    worker.eligible_query(),
+                    free,
+                    self.timings.lease_seconds,
+                    self.owner,
+                ),
+            )
+        except Deferred:
+            state.next_poll = max(self.outbox.blocked_until, now + state.backoff.next_wait())
+            return
+        if len(claims) < free:
+            state.discovery.next_discovery = now  # known work ran short: look for new rows
+        if not claims:
+            state.next_poll = now + state.backoff.next_wait()
+            return
+        state.backoff.reset()
+        state.next_poll = now
+        self.health.claimed += len(claims)
+        for claim in claims:
+            if self.outcomes.claimed(state, claim):
+                state.executor.submit(worker.task(claim))

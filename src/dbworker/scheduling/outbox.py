@@ -1,0 +1,119 @@
+"""Database access that survives outages: transactions that report instead of raising,
+and an outbox of transitions retried, in order, until the database accepts them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from ..dialects import Dialect
+
+log = logging.getLogger("dbworker")
+
+#: Wait after a database error before trying again (doubling up to the cap).
+DB_RETRY_SECONDS = 0.5
+DB_RETRY_MAX_SECONDS = 10.0
+
+
+@dataclass(slots=True)
+class Health:
+    """The scheduler's health, as it changes (``Coordinator.health()`` copies it)."""
+
+    running: bool = False
+    database_ok: bool = True
+    last_error: str | None = None
+    last_error_at: float | None = None
+    claimed: int = 0
+    completed: int = 0
+    #: Set if the scheduler itself stopped on an unexpected error (a bug).
+    crashed: str | None = None
+
+
+class Deferred(Exception):
+    """A database step did not happen now; the loop carries on and tries later."""
+
+
+@dataclass(slots=True)
+class PendingWrite:
+    """A transition the database has not accepted yet (it was down): retried each pass."""
+
+    description: str
+    apply: Callable[[Connection], object]
+    #: The item the write concerns (worker, source_id, attempt), for its log records.
+    extra: dict[str, Any] | None = None
+
+
+class Outbox:
+    def __init__(self, engine: Engine, dialect: Dialect, health: Health) -> None:
+        self.engine = engine
+        self.dialect = dialect
+        self.health = health
+        self.pending: list[PendingWrite] = []
+        self._wait = 0.0
+        #: No transaction is tried before this (``time.monotonic()``) after an error.
+        self.blocked_until = 0.0
+
+    def transaction(
+        self,
+        description: str,
+        action: Callable[[Connection], Any],
+        extra: dict[str, Any] | None = None,
+    ) -> Any:
+        """Run ``action`` in one transaction; on a database error log it and raise Deferred.
+
+        ``extra`` names the item the transaction is about, for the log records.
+        """
+        if time.monotonic() < self.blocked_until:
+            raise Deferred
+        try:
+            with self.engine.begin() as conn:
+                result = action(conn)
+        except Exception as exc:
+            self._error(description, exc, extra)
+            raise Deferred from exc
+        if not self.health.database_ok:
+            log.warning("dbworker: database reachable again (%s)", description, extra=extra)
+        self.health.database_ok = True
+        self._wait = 0.0
+        return result
+
+    def _error(self, description: str, exc: Exception, extra: dict[str, Any] | None) -> None:
+        transient = self.dialect.is_transient(exc)
+        if self.health.database_ok or not transient:
+            # Once per incident: the first error of an outage, and every non-transient one.
+            log.error(
+                "dbworker: database error while %s (%s); retrying",
+                description,
+                "transient" if transient else "not transient",
+                exc_info=exc,
+                extra=extra,
+            )
+        self.health.database_ok = False
+        self.health.last_error = f"{type(exc).__name__}: {exc}"[:2000]
+        self.health.last_error_at = time.time()
+        self._wait = min(max(self._wait * 2, DB_RETRY_SECONDS), DB_RETRY_MAX_SECONDS)
+        self.blocked_until = time.monotonic() + self._wait
+
+    def write(
+        self,
+        description: str,
+        apply: Callable[[Connection], object],
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """A transition that must land eventually, in order, even across an outage."""
+        self.pending.append(PendingWrite(description, apply, extra))
+        self.flush()
+
+    def flush(self) -> None:
+        while self.pending:
+            write = self.pending[0]
+            try:
+                self.transaction(write.description, write.apply, write.extra)
+            except Deferred:
+                return
+            self.pending.pop(0)

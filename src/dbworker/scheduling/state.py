@@ -1,0 +1,45 @@
+"""What the scheduler knows about each worker: the claims it holds and when to look again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.timing import PollBackoff
+from ..executors import Executor
+from ..worker import Registration
+from .discovery import DiscoverySchedule
+
+
+@dataclass(slots=True)
+class Held:
+    """A claim this coordinator holds."""
+
+    token: int
+    attempt: int
+    failures: int
+    started: float
+    #: The record's crash count as claimed: a takeover of the item raises it.
+    crashes: int = 0
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """One worker's scheduling state."""
+
+    worker: Registration
+    executor: Executor
+    backoff: PollBackoff
+    next_poll: float = 0.0
+    held: dict[Any, Held] = field(default_factory=dict)
+    #: Runs that completed in the database (Unfinished, a retry) and were claimed
+    #: again before their result was read, by (source_id, token).
+    completing: dict[tuple[Any, int], Held] = field(default_factory=dict)
+    discovery: DiscoverySchedule = field(default_factory=DiscoverySchedule)
+
+    def item(self, source_id: Any, attempt: int | str) -> tuple[str, dict[str, Any]]:
+        """How log records name an item: in the message and as attributes (``extra``),
+        so log pipelines can filter by worker, source_id and attempt."""
+        name = self.worker.name
+        where = f"worker={name} source_id={source_id!r} attempt={attempt}"
+        return where, {"worker": name, "source_id": source_id, "attempt": attempt}

@@ -1,0 +1,131 @@
+"""The failure policy as a table: every way an invocation ends, with the record's
+counters and the worker's settings, and what gets recorded."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dbworker.core import RetryPolicy
+from dbworker.core.policy import DATABASE_RETRY, Decision, Ending, apply, decide, failure
+from dbworker.core.status import Phase
+from dbworker.core.transitions import Event, Record, claim
+
+RETRY = RetryPolicy(max_retries=2, base_delay=4.0, jitter=0.0)
+ONLY_VALUE_ERRORS = RetryPolicy(max_retries=2, base_delay=4.0, jitter=0.0, retry_on=(ValueError,))
+BOOM = RuntimeError("boom")
+FAILED = Decision(Event.FAIL, Phase.FAILED)
+
+# (ending, keyword arguments, expected decision)
+TABLE: list[tuple[Ending, dict[str, object], Decision]] = [
+    (Ending.FINISHED, {}, Decision(Event.FINISH, Phase.FINISHED)),
+    (Ending.UNFINISHED, {"delay": 0.0}, Decision(Event.UNFINISH, Phase.UNFINISHED, 0.0)),
+    (Ending.UNFINISHED, {"delay": 7.5}, Decision(Event.UNFINISH, Phase.UNFINISHED, 7.5)),
+    # A handler's exception: FAILED unless a retry policy allows another attempt.
+    (Ending.RAISED, {"error": BOOM}, FAILED),
+    (Ending.RAISED, {"error": BOOM, "retry": RETRY}, Decision(Event.FAIL, Phase.UNFINISHED, 4.0)),
+    (
+        Ending.RAISED,
+        {"error": BOOM, "retry": RETRY, "failures": 1},
+        Decision(Event.FAIL, Phase.UNFINISHED, 8.0),
+    ),
+    (Ending.RAISED, {"error": BOOM, "retry": RETRY, "failures": 2}, FAILED),
+    (Ending.RAISED, {"error": BOOM, "retry": ONLY_VALUE_ERRORS}, FAILED),
+    # A transient database error is retried without a policy, and ahead of a policy
+    # that does not cover it.
+    (
+        Ending.RAISED,
+        {"error": BOOM, "transient": True, "rng": random.Random(1)},
+        Decision(Event.FAIL, Phase.UNFINISHED, DATABASE_RETRY.delay(0, random.Random(1))),
+    ),
+    (
+        Ending.RAISED,
+        {"error": BOOM, "transient": True, "retry": ONLY_VALUE_ERRORS, "rng": random.Random(2)},
+        Decision(Event.FAIL, Phase.UNFINISHED, DATABASE_RETRY.delay(0, random.Random(2))),
+    ),
+    (
+        Ending.RAISED,
+        {"error": BOOM, "transient": True, "failures": DATABASE_RETRY.max_retries},
+        FAILED,
+    ),
+    # A timeout follows the retry policy, but is never the database's doing.
+    (Ending.TIMED_OUT, {"error": BOOM}, FAILED),
+    (Ending.TIMED_OUT, {"error": BOOM, "transient": True}, FAILED),
+    (
+        Ending.TIMED_OUT,
+        {"error": BOOM, "retry": RETRY},
+        Decision(Event.FAIL, Phase.UNFINISHED, 4.0),
+    ),
+    # A crash counts towards the limit and gives up on reaching it.
+    (
+        Ending.CRASHED,
+        {"crashes": 0, "max_crashes": 3},
+        Decision(Event.RELEASE, Phase.UNFINISHED, counts_crash=True),
+    ),
+    (
+        Ending.CRASHED,
+        {"crashes": 1, "max_crashes": 3},
+        Decision(Event.RELEASE, Phase.UNFINISHED, counts_crash=True),
+    ),
+    (
+        Ending.CRASHED,
+        {"crashes": 2, "max_crashes": 3},
+        Decision(Event.RELEASE, Phase.FAILED, counts_crash=True),
+    ),
+    (
+        Ending.CRASHED,
+        {"crashes": 0, "max_crashes": 1},
+        Decision(Event.RELEASE, Phase.FAILED, counts_crash=True),
+    ),
+    # A stop's deadline is not the item's fault.
+    (Ending.STOPPED, {"crashes": 2, "max_crashes": 3}, Decision(Event.RELEASE, Phase.UNFINISHED)),
+    # A takeover has counted its crash already: run it, or give up at the limit.
+    (Ending.VANISHED, {"crashes": 2, "max_crashes": 3}, Decision(None)),
+    (Ending.VANISHED, {"crashes": 3, "max_crashes": 3}, FAILED),
+    (Ending.LOST, {"crashes": 5, "max_crashes": 1}, Decision(None)),
+]
+
+
+@pytest.mark.parametrize(("ending", "arguments", "expected"), TABLE)
+def test_decision(ending: Ending, arguments: dict[str, object], expected: Decision) -> None:
+    # A generator in the row is copied: the row must give the same answer every run.
+    given = arguments.get("rng")
+    if isinstance(given, random.Random):
+        copy = random.Random()
+        copy.setstate(given.getstate())
+        arguments = {**arguments, "rng": copy}
+    assert decide(ending, **arguments) == expected  # type: ignore[arg-type]
+
+
+def test_every_ending_is_in_the_table() -> None:
+    assert {ending for ending, _, _ in TABLE} == set(Ending)
+
+
+def test_retry_jitter_comes_from_the_given_generator() -> None:
+    jittery = RetryPolicy(max_retries=1, base_delay=10.0, jitter=0.5)
+    first = decide(Ending.RAISED, error=BOOM, retry=jittery, rng=random.Random(7))
+    again = decide(Ending.RAISED, error=BOOM, retry=jittery, rng=random.Random(7))
+    assert first == again and first.delay is not None and 5.0 <= first.delay <= 15.0
+
+
+def test_a_failure_decided_elsewhere() -> None:
+    assert failure(None) == FAILED
+    assert failure(3.0) == Decision(Event.FAIL, Phase.UNFINISHED, 3.0)
+
+
+@pytest.mark.parametrize(("ending", "arguments", "expected"), TABLE)
+def test_applying_a_decision_reaches_its_target(
+    ending: Ending, arguments: dict[str, object], expected: Decision
+) -> None:
+    held = claim(Record(), now=100.0, lease_seconds=30.0)
+    after = apply(held, held.token, expected, now=110.0, error="boom")
+    if expected.event is None:
+        assert after == held
+        return
+    assert after.phase is expected.target
+    if expected.target is Phase.UNFINISHED and expected.delay is not None:
+        assert after.not_before == 110.0 + expected.delay
+    assert after.crashes == held.crashes + (1 if expected.counts_crash else 0)
+    retried = expected.event is Event.FAIL and not expected.gives_up
+    assert after.failures == held.failures + retried
