@@ -23,7 +23,8 @@ from dbworker import ExecutionStatus
 from dbworker.core.status import Phase
 from dbworker.dialects import Claim, WorkerTable
 
-from .harness import (
+from .models import ITEMS, Group, Item, Keyed, key
+from .support import (
     ERROR,
     FIRST_WORKER,
     KEYED_WORKER,
@@ -37,7 +38,6 @@ from .harness import (
     ids,
     utc,
 )
-from .models import ITEMS, Group, Item, Keyed, key
 
 Check = Callable[[DialectFactory, str], None]
 T = TypeVar("T")
