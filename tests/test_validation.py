@@ -38,7 +38,7 @@ from flows.app import (
     returns_none_handler,
     returns_value_handler,
 )
-from flows.harness import Harness, harness
+from flows.support import Harness, harness
 
 PG_URL = "postgresql+psycopg://app@db.example:5432/app"
 

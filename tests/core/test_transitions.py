@@ -101,8 +101,8 @@ def _id(value: object) -> str:
 
 
 def test_the_table_is_the_designed_state_machine() -> None:
-    # Written out by hand from the design's table: a change to TRANSITIONS must be a
-    # deliberate change to this test too.
+    # Written out by hand from the state machine's table in docs/internals.md: a change
+    # to TRANSITIONS must be a deliberate change to this test (and that table) too.
     assert {key: rule.targets for key, rule in TRANSITIONS.items()} == {
         (P, Event.CLAIM): {W},
         (U, Event.CLAIM): {W},

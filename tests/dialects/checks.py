@@ -24,7 +24,8 @@ from dbworker.core.policy import Ending, decide
 from dbworker.core.status import Phase
 from dbworker.dialects import Claim, WorkerTable
 
-from .harness import (
+from .models import ITEMS, Group, Item, Keyed, key
+from .support import (
     ERROR,
     FIRST_WORKER,
     KEYED_WORKER,
@@ -38,7 +39,6 @@ from .harness import (
     ids,
     utc,
 )
-from .models import ITEMS, Group, Item, Keyed, key
 
 Check = Callable[[DialectFactory, str], None]
 T = TypeVar("T")

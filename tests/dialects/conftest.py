@@ -2,4 +2,4 @@
 
 import pytest
 
-pytest.register_assert_rewrite(f"{__package__}.checks", f"{__package__}.harness")
+pytest.register_assert_rewrite(f"{__package__}.checks", f"{__package__}.support")

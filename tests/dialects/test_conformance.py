@@ -10,7 +10,7 @@ from backends import as_pymysql
 from dbworker.dialects import for_url
 
 from . import checks
-from .harness import VARIANTS, DialectFactory
+from .support import VARIANTS, DialectFactory
 
 # The root conftest honours an explicit "backend" parametrization; this one adds the
 # PyMySQL run of the same MySQL database.

@@ -14,7 +14,7 @@ from typing import Any
 
 from dbworker.dialects import ErrorInfo, for_url
 
-from .harness import Harness
+from .support import Harness
 
 #: Database clock readings inside one transaction differ by the statements' latency.
 TOLERANCE_SECONDS = 5.0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Harness, harness
+from .support import Harness, harness
 
 
 @pytest.fixture

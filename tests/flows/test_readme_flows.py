@@ -28,7 +28,7 @@ from .app import (
     slow_handler,
     steps_handler,
 )
-from .harness import Harness, harness
+from .support import Harness, harness
 
 FINISHED, FAILED = ExecutionStatus.FINISHED, ExecutionStatus.FAILED
 

@@ -1,6 +1,8 @@
 """Deliberately broken dialects: each overrides one method of a real dialect with the
 mistake it is named after. The state machine must catch every one of them
-(test_broken_variants.py); a suite that passed them would prove nothing.
+(test_broken_variants.py); a suite that passed them would prove nothing. The letters
+(a)-(d) are the classes of mistake listed in docs/internals.md, with the invariants
+each one breaks.
 
 They are mixins, so one mistake can be applied to each backend's dialect:
 ``broken(NoLockClaim, PostgreSQLDialect)``.

@@ -18,7 +18,7 @@ for), an application write waiting for dbworker, or a claim holding locks on row
 did not claim. SQLite has one writer at a time (``supports_concurrent_claims`` is
 False), so there preconditions keep a second transaction from opening while one is.
 
-Invariants (design.md), and where each is checked:
+Invariants, numbered as in docs/internals.md, and where this machine checks each:
 
 1. Exclusive: the database's token for every record equals the model's, and at most
    one actor believes it holds the current token (``check_committed_state``); a fenced
@@ -34,8 +34,11 @@ Invariants (design.md), and where each is checked:
    committed out of key order land below the watermark and only a sweep finds them);
    ``drain`` lets time pass, sweeps and claims everything, and checks that every
    committed eligible non-terminal row was claimed.
-7. Fenced renewal: a renewal reports exactly the claims the model says were lost and
-   leaves the other rows untouched.
+6. Bounded crash loops: not here as such (that takes real processes: tests/crash,
+   tests/executors); the crash counters a takeover and a release store, and release's
+   FAILED at ``MAX_CRASHES``, are compared with the model like every other field.
+7. Renewal is fenced too: a renewal reports exactly the claims the model says were
+   lost and leaves the other rows untouched.
 """
 
 from __future__ import annotations
@@ -561,7 +564,7 @@ class ExecutionMachine(RuleBasedStateMachine):
 
     def _renew(self, actor: Actor) -> None:
         """Renew every claim the actor believes it holds; it must learn exactly which
-        it lost, and a stale token must change nothing."""
+        it lost, and a stale token must change nothing (invariant 7)."""
         now = self.clock.now
         held = [(b.sid, b.token) for b in self._beliefs() if b.actor is actor]
         renewed: dict[int, Record] = {}
@@ -886,8 +889,9 @@ class ExecutionMachine(RuleBasedStateMachine):
     @precondition(lambda self: all(c.tx is None for c in self._clients()))
     @rule(who=actor_index)
     def drain(self, who: int) -> None:
-        """No loss: let every lease and delay run out, sweep, claim everything. Every
-        committed eligible row that is not FINISHED or FAILED must be claimed now."""
+        """Invariant 5 (no loss): let every lease and delay run out, sweep, claim
+        everything. Every committed eligible row that is not FINISHED or FAILED must be
+        claimed now."""
         deadlines = [
             t
             for r in self.records.values()
@@ -936,7 +940,7 @@ class ExecutionMachine(RuleBasedStateMachine):
                 + "\n".join(f"  {sid}: {pair}" for sid, pair in sorted(diff.items()))
             )
 
-        # Terminal and recovery, through the dialect's own guard SQL.
+        # Invariants 3 (terminal) and 4 (recovery), through the dialect's own guard SQL.
         guard = {row[1] for row in result if row[0] == 1}
         model = {sid for sid, r in self.records.items() if r.claimable(self.clock.now)}
         if guard != model:
@@ -945,12 +949,12 @@ class ExecutionMachine(RuleBasedStateMachine):
                 f" the model {sorted(model)}; records:\n" + _describe(self.records)
             )
 
-        # Atomic: an effect is committed iff its transition committed.
+        # Invariant 2 (atomic): an effect is committed iff its transition committed.
         written = sorted((int(row[1]), int(row[3]), row[2]) for row in result if row[0] == 2)
         if written != sorted(self.effects):
             raise ModelMismatch(f"handler effects {written}, committed transitions {self.effects}")
 
-        # Exclusive: one believer per current token.
+        # Invariant 1 (exclusive): one believer per current token.
         for sid, record in self.records.items():
             believers = [a.name for a in self.actors if a.held.get(sid) == record.token]
             if record.phase is Phase.WORKING and len(believers) > 1:
