@@ -18,7 +18,6 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -266,6 +265,7 @@ class TreeMemory:
         self._commands: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._report: dict[str, Any] | None = None
 
     def add_roots(self, pids: Sequence[int]) -> None:
         self.roots.extend(pids)
@@ -303,12 +303,15 @@ class TreeMemory:
         return self
 
     def stop(self) -> dict[str, Any]:
-        """Stop sampling (one last sample first) and say what was seen."""
+        """Stop sampling (one last sample first) and say what was seen (again, if called
+        again)."""
+        if self._report is not None:
+            return self._report
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.sample()
-        return {
+        self._report = {
             "peak_rss_kib": self.peak_rss_kib,
             "peak_pss_kib": self.peak_pss_kib,
             "rss_hwm_sum_kib": sum(self._hwm.values()),
@@ -317,13 +320,4 @@ class TreeMemory:
             "samples": self.samples,
             "interval_ms": round(self.interval * 1000),
         }
-
-
-def wait_until(condition: Any, timeout: float, interval: float = 0.01) -> bool:
-    """Poll ``condition()`` until it is true or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
+        return self._report
