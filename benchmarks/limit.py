@@ -569,11 +569,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "limit.json")
+    parser.add_argument("--label", help="a note stored in the report (e.g. 'smoke run')")
     args = parser.parse_args(argv)
     dialects: list[str] = args.dialects
     sizes: list[int] = args.items
 
     report: dict[str, Any] = new_report("limit", argv) | {
+        "label": args.label,
         "config": {
             "items": sizes,
             "repeat": args.repeat,

@@ -469,12 +469,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-batch", type=int, default=2, help="records per limit claim")
     parser.add_argument("--rss-interval-ms", type=float, default=100.0)
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "throughput.json")
+    parser.add_argument("--label", help="a note stored in the report (e.g. 'smoke run')")
     args = parser.parse_args(argv)
     dialects: list[str] = args.dialects
     sizes: list[int] = args.sizes
     max_seconds = per_size(args.max_seconds, sizes)
 
     report: dict[str, Any] = new_report("throughput", argv) | {
+        "label": args.label,
         "config": {
             "sizes": sizes,
             "repeat": args.repeat,
