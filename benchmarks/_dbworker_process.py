@@ -4,11 +4,13 @@ The measured process tree is then dbworker's alone (this process, multiprocessin
 fork server and resource tracker, the handler processes): the benchmark inserts the
 items, polls for completion and samples memory from its own process.
 
-Protocol: this process creates the tables, starts the coordinator and prints one JSON
-line (``{"ready": ..., "table": ..., "server": ...}``); it stops the coordinator when
-its stdin closes, and prints ``{"stopped": true}``.
+Protocol: the database URL comes as the first line of stdin (not the command line,
+which any process can read, nor the report's list of processes). This process creates
+the tables, starts the coordinator and prints one JSON line (``{"ready": ..., "table":
+..., "server": ...}``); it stops the coordinator when its stdin closes, and prints
+``{"stopped": true}``.
 
-Run by the benchmark: ``python -m benchmarks._dbworker_process URL --concurrency 2``.
+Run by the benchmark: ``python -m benchmarks._dbworker_process --concurrency 2``.
 """
 
 from __future__ import annotations
@@ -31,17 +33,17 @@ WORKER = "bench_throughput"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks._dbworker_process")
-    parser.add_argument("url")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--poll-seconds", type=float, default=0.05)
     args = parser.parse_args(argv)
-    dialect = for_url(args.url)
-    engine = sa.create_engine(args.url, **dialect.coordinator_engine_options())
+    url = sys.stdin.readline().strip()
+    dialect = for_url(url)
+    engine = sa.create_engine(url, **dialect.coordinator_engine_options())
     dialect.configure_engine(engine)
     try:
         coordinator = Coordinator(
             sessionmaker(engine),
-            database_url=args.url,
+            database_url=url,
             # Short waits after an empty poll, as a latency-minded deployment would
             # set them: the batch is found within 50 ms of its commit.
             poll_seconds=args.poll_seconds,

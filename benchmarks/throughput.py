@@ -156,7 +156,6 @@ def run_dbworker(
                 sys.executable,
                 "-m",
                 "benchmarks._dbworker_process",
-                url,
                 "--concurrency",
                 str(args.concurrency),
             ],
@@ -167,6 +166,8 @@ def run_dbworker(
             cwd=REPOSITORY,
         )
         assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(url + "\n")
+        process.stdin.flush()
         memory = TreeMemory([process.pid], args.rss_interval_ms / 1000).start()
         options = {"connect_args": {"timeout": 30}} if backend == "sqlite" else {}
         engine = sa.create_engine(url, **options)
