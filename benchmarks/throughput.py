@@ -180,14 +180,17 @@ def run_dbworker(
                 raise TimeoutError(f"dbworker/{backend}: the warm-up items did not finish")
             cpu = tree_cpu_seconds([process.pid])
             start = time.perf_counter()
-            insert_items(engine, args.warmup + 1, items)
             deadline = time.monotonic() + max_seconds
+            insert_items(engine, args.warmup + 1, items)
             end = _wait_all_finished(engine, table, args.warmup + items, poll, deadline)
-            if end is None:
+            completed: int | None = None
+            if end is None:  # truncated: the rate of what finished in time
+                completed = _count_finished(engine, table) - args.warmup
                 end = time.perf_counter()
             cpu = tree_cpu_seconds([process.pid]) - cpu
             memory_report = memory.stop()
-            completed = _count_finished(engine, table) - args.warmup
+            if completed is None:
+                completed = _count_finished(engine, table) - args.warmup
             process.stdin.close()
             stopped = _read_json_line(process.stdout, 60)
             if not stopped.get("stopped"):
