@@ -1,4 +1,9 @@
-"""What the benchmarks share: scratch databases, machine facts, arguments and reports."""
+"""What the benchmarks share: scratch databases, machine facts, arguments, reports, and
+the memory and CPU of process trees.
+
+SQLAlchemy is imported where it is used, not at import time: the reference runners'
+child processes (``benchmarks.limit``) import this module and run on raw drivers alone.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +17,14 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.pool import NullPool
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+    from sqlalchemy.engine import URL
 
 DIALECTS = ("sqlite", "postgresql", "mysql")
 URL_ENV_VARS = {
@@ -37,6 +43,8 @@ def render(url: URL) -> str:
 
 
 def admin_url(backend: str) -> URL:
+    from sqlalchemy.engine import make_url
+
     return make_url(os.environ.get(URL_ENV_VARS[backend], DEFAULT_URLS[backend]))
 
 
@@ -54,6 +62,9 @@ def scratch_database(backend: str, tag: str) -> Iterator[str]:
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         return
+    import sqlalchemy as sa
+    from sqlalchemy.pool import NullPool
+
     url = admin_url(backend)
     admin = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
     quote = admin.dialect.identifier_preparer.quote
@@ -165,3 +176,148 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(json.dumps(report, indent=2, default=str) + "\n")
     partial.replace(path)
+
+
+# -- process trees (Linux /proc) ----------------------------------------------------------
+
+#: Clock ticks per second, the unit of /proc/<pid>/stat's CPU times.
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_tree(roots: Sequence[int]) -> list[int]:
+    """``roots`` and every live descendant of theirs (children of any of their threads)."""
+    found: list[int] = []
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # exited
+        found.append(pid)
+        for tid in threads:
+            with contextlib.suppress(OSError):
+                stack.extend(
+                    int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                )
+    return found
+
+
+def _kib_fields(path: str, wanted: Sequence[str]) -> dict[str, int]:
+    """``Name:   123 kB`` lines of a /proc file, in KiB (missing file: empty)."""
+    values: dict[str, int] = {}
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return values
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name in wanted:
+            values[name] = int(rest.split()[0])
+    return values
+
+
+def command_line(pid: int, limit: int = 120) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:limit]
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU time the processes ``pids`` have used so far (their own, not
+    their reaped children's)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        # The command name (field 2) may hold spaces: count fields after its ')'.
+        fields = stat.rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return ticks / _CLOCK_TICKS
+
+
+def tree_cpu_seconds(roots: Sequence[int]) -> float:
+    return cpu_seconds(process_tree(roots))
+
+
+class TreeMemory:
+    """Samples the resident memory of process trees from a thread, keeping the peak.
+
+    Per sample: the sum over the trees' processes of VmRSS (what ``ps`` shows; pages
+    shared between processes, e.g. after a fork, count once per process) and of PSS
+    (each shared page split between its sharers, so the sum is the trees' real share
+    of memory). ``rss_hwm_sum_kib`` adds each process's own peak (VmHWM) instead: an
+    upper bound that no sampling interval can miss.
+    """
+
+    def __init__(self, roots: Sequence[int], interval: float = 0.1) -> None:
+        self.roots = list(roots)
+        self.interval = interval
+        self.samples = 0
+        self.peak_rss_kib = 0
+        self.peak_pss_kib = 0
+        self.at_peak: list[dict[str, Any]] = []
+        self._hwm: dict[int, int] = {}
+        self._commands: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._report: dict[str, Any] | None = None
+
+    def add_roots(self, pids: Sequence[int]) -> None:
+        self.roots.extend(pids)
+
+    def sample(self) -> None:
+        rss_total = pss_total = 0
+        processes = []
+        for pid in process_tree(self.roots):
+            status = _kib_fields(f"/proc/{pid}/status", ("VmRSS", "VmHWM"))
+            if "VmRSS" not in status:
+                continue
+            pss = _kib_fields(f"/proc/{pid}/smaps_rollup", ("Pss",)).get("Pss", 0)
+            self._hwm[pid] = max(self._hwm.get(pid, 0), status.get("VmHWM", 0))
+            if pid not in self._commands:
+                self._commands[pid] = command_line(pid)
+            rss_total += status["VmRSS"]
+            pss_total += pss
+            processes.append(
+                {"pid": pid, "rss_kib": status["VmRSS"], "pss_kib": pss, "cmd": self._commands[pid]}
+            )
+        self.samples += 1
+        if rss_total > self.peak_rss_kib:
+            self.peak_rss_kib = rss_total
+            self.at_peak = processes
+        self.peak_pss_kib = max(self.peak_pss_kib, pss_total)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def start(self) -> TreeMemory:
+        self._thread = threading.Thread(target=self._run, name="tree-memory", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling (one last sample first) and say what was seen (again, if called
+        again)."""
+        if self._report is not None:
+            return self._report
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()
+        self._report = {
+            "peak_rss_kib": self.peak_rss_kib,
+            "peak_pss_kib": self.peak_pss_kib,
+            "rss_hwm_sum_kib": sum(self._hwm.values()),
+            "processes": len(self.at_peak),
+            "at_peak": self.at_peak,
+            "samples": self.samples,
+            "interval_ms": round(self.interval * 1000),
+        }
+        return self._report

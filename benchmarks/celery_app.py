@@ -1,22 +1,69 @@
-"""The Celery side of ``benchmarks.throughput``: one app, one no-op task."""
+"""The Celery side of ``benchmarks.throughput``: one no-op task, in two configurations.
+
+* ``results``: Redis as broker and result backend, Celery's defaults otherwise (acks
+  on receipt, prefetch 4): an ordinary deployment that wants to know each outcome.
+* ``fast``: configured for speed: no result backend (``task_ignore_result``), acks
+  after the task ran (``task_acks_late``, so an acknowledgement means "done"),
+  ``worker_prefetch_multiplier=4``. The benchmark sees completion in Redis itself:
+  the queue is empty and no message is awaiting its acknowledgement.
+
+Both keep kombu's unacknowledged-message bookkeeping under keys of their own
+(``<keys>:unacked``...), so the count is this run's and no one else's.
+
+The worker (``celery -A benchmarks.celery_app worker``) reads its configuration from
+the environment (``DBWORKER_BENCH_CELERY_CONFIG``, ``DBWORKER_BENCH_CELERY_KEYS``);
+the benchmark builds the same app for sending with ``make_app``.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
 
 REDIS_URL = os.environ.get("DBWORKER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-app = Celery("dbworker_bench", broker=REDIS_URL, backend=REDIS_URL)
-app.conf.update(
-    # Celery's defaults otherwise (acks, prefetch, serializer): an ordinary deployment.
-    result_expires=600,
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-)
+CONFIG_ENV = "DBWORKER_BENCH_CELERY_CONFIG"
+KEYS_ENV = "DBWORKER_BENCH_CELERY_KEYS"
+CONFIGS = ("fast", "results")
+TASK = "dbworker_bench.noop"
 
 
-@app.task(name="dbworker_bench.noop")  # type: ignore[untyped-decorator]
-def noop() -> None:
+def unacked_keys(keys: str) -> dict[str, str]:
+    """kombu's Redis transport options naming its unacknowledged-message keys."""
+    return {
+        "unacked_key": f"{keys}:unacked",
+        "unacked_index_key": f"{keys}:unacked_index",
+        "unacked_mutex_key": f"{keys}:unacked_mutex",
+    }
+
+
+def _noop() -> None:
     return None
+
+
+def make_app(config: str, keys: str = "dbw_bench") -> Any:
+    if config not in CONFIGS:
+        raise ValueError(f"unknown Celery configuration {config!r}; choose from {CONFIGS}")
+    common: dict[str, Any] = {
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+        "broker_transport_options": unacked_keys(keys),
+    }
+    if config == "results":
+        app = Celery("dbworker_bench", broker=REDIS_URL, backend=REDIS_URL)
+        app.conf.update(common, result_expires=600)
+    else:
+        app = Celery("dbworker_bench", broker=REDIS_URL)
+        app.conf.update(
+            common,
+            task_ignore_result=True,
+            task_acks_late=True,
+            worker_prefetch_multiplier=4,
+        )
+    app.task(name=TASK, shared=False)(_noop)
+    return app
+
+
+app = make_app(os.environ.get(CONFIG_ENV, "results"), os.environ.get(KEYS_ENV, "dbw_bench"))
+noop = app.tasks[TASK]

@@ -1,20 +1,43 @@
-"""End-to-end no-op throughput: dbworker on each database against Celery + Redis.
+"""End-to-end no-op throughput and memory: dbworker on each database against Celery +
+Redis (two configurations) and against the limit of each database, in one run.
 
-Both sides run the same shape of job: ``--items`` no-op units of work, two worker
-processes, and a wall clock from "work exists" to "every result is known".
+Every system runs the same shape of job: N no-op units of work (``--sizes``, default
+3,000 and 20,000), two worker processes, and a wall clock from "work exists" to "every
+outcome is recorded".
 
-* dbworker: a ``Coordinator`` (default process pool, real child processes) with one
-  worker at ``concurrency=2`` whose handler returns ``Finished()``. The clock starts
-  before the rows are inserted (one transaction) and stops when every execution record
-  is FINISHED (polled every ``--poll-ms``), or after ``--max-seconds``: the rate is
-  then the records finished so far over that time (``truncated`` in the output).
-* Celery: ``celery worker --pool prefork --concurrency 2`` started as a subprocess on a
-  private queue, Redis as broker and result backend. The clock starts before the
-  tasks are sent and stops when every result has been received.
+* dbworker: a ``Coordinator`` (default executor: the process pool) with one worker at
+  ``concurrency=2`` whose handler returns ``Finished()``, in a process of its own
+  (``benchmarks._dbworker_process``). The clock starts before this process inserts the
+  rows (one transaction) and stops when it sees every record finished (polled every
+  ``--poll-ms``), or after ``--max-seconds`` for that size: the rate is then the
+  records finished so far over that time (``truncated`` in the output).
+* Celery ``fast``: ``celery worker --pool prefork --concurrency 2`` on a private queue,
+  Redis as broker, no result backend (``task_ignore_result``), ``task_acks_late``,
+  ``worker_prefetch_multiplier=4``. The clock stops when the queue is empty and no
+  message awaits its acknowledgement (polled every ``--poll-ms``; with late acks a
+  message is acknowledged only once its task has returned). Nothing is added to the
+  task: this is the cheapest signal that is still "every task has run".
+* Celery ``results``: the same worker with Redis also as result backend and Celery's
+  defaults otherwise; the clock stops when every result has been received.
+* limit: ``benchmarks.limit``'s reference runner, dbworker's claim and finish SQL on the
+  raw driver in two worker processes, with the work created before the clock starts.
 
-Each side first runs a warm-up batch (processes started, connections open). Each
-database gets its own scratch database; Celery its own queue name. Everything is run
-in one invocation so the machine's load is as similar as possible for all of them.
+Each system first runs a warm-up batch (processes started, connections open), in a
+scratch database (or Celery queue) of its own. ``--repeat`` runs everything that many
+times, round-robin, and reports medians. Also measured, for every run: the CPU time per
+item of the system's processes during the timed window (/proc; the database and Redis
+servers are not counted) and the peak resident memory of its process tree, sampled
+every ``--rss-interval-ms`` from the start of its processes to the end of the timed
+window: dbworker's coordinator process with everything under it (fork server, resource
+tracker, handler processes), Celery's worker (main process and its two prefork
+children), the limit's two workers. RSS counts a page shared by several processes once
+per process; PSS splits it between them (both are reported).
+
+dbworker's figures are also given as ratios: ``vs_celery_fastest`` (items/s against the
+faster Celery configuration at the same size), ``vs_limit`` (against the limit of the
+same database and size), ``rss_vs_celery`` (peak RSS against that Celery run's worker
+tree) and ``at_<largest>_vs_<smallest>`` (items/s at the largest size against the
+smallest).
 
 Run: ``python -m benchmarks.throughput --help``.
 """
@@ -22,125 +45,224 @@ Run: ``python -m benchmarks.throughput --help``.
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
+import select
+import statistics
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy import func, select
-from sqlalchemy.orm import sessionmaker
-
-from dbworker import Coordinator
-from dbworker.dialects import for_url
+from typing import IO, TYPE_CHECKING, Any
 
 from ._common import (
     RESULTS_DIR,
+    TreeMemory,
     add_dialects_argument,
+    csv,
     log,
     new_report,
     scratch_database,
-    server_version,
+    tree_cpu_seconds,
     write_report,
 )
-from .noop_work import ITEMS_TABLE, Base, NoopItem, insert_items, noop
+from .limit import measure_limit, median_of
 
-WORKER = "bench_throughput"
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
 REDIS_URL = os.environ.get("DBWORKER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+REPOSITORY = Path(__file__).resolve().parent.parent
+CELERY_CONFIGS = ("fast", "results")
+OPEN_STATUSES = "('pending', 'unfinished', 'working')"
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """This process's environment for a benchmark subprocess: its import path too."""
+    return {
+        **os.environ,
+        "DBWORKER_BENCH_REDIS_URL": REDIS_URL,
+        "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path if p),
+        **extra,
+    }
+
+
+def size_label(size: int) -> str:
+    return f"{size // 1000}k" if size % 1000 == 0 else str(size)
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 # -- dbworker ------------------------------------------------------------------------------
 
 
-def _wait_finished(
-    engine: sa.Engine, table: sa.Table, total: int, poll: float, deadline: float
-) -> tuple[float, int]:
-    """Wait until ``total`` records are FINISHED, or ``deadline`` (monotonic) passes:
-    (when, how many were finished then)."""
-    query = select(func.count()).where(table.c.status == "finished")
+def _read_json_line(stream: IO[str], timeout: float) -> dict[str, Any]:
+    ready, _, _ = select.select([stream], [], [], timeout)
+    line = stream.readline() if ready else ""
+    if not line:
+        raise RuntimeError(f"the dbworker process said nothing within {timeout} s (or exited)")
+    result: dict[str, Any] = json.loads(line)
+    return result
+
+
+def _wait_all_finished(
+    engine: sa.Engine, table: str, last_id: int, poll: float, deadline: float
+) -> float | None:
+    """Wait until every record up to ``last_id`` exists and none is open (checked with
+    two index lookups, whatever the history): when, or None once ``deadline``
+    (monotonic) passes."""
+    known = f"SELECT max(source_id) FROM {table}"
+    still_open = f"SELECT 1 FROM {table} WHERE status IN {OPEN_STATUSES} LIMIT 1"
     while True:
         with engine.connect() as conn:
-            done = int(conn.execute(query).scalar() or 0)
+            done = conn.exec_driver_sql(known).scalar() == last_id and (
+                conn.exec_driver_sql(still_open).first() is None
+            )
         now = time.perf_counter()
-        if done >= total or time.monotonic() > deadline:
-            return now, done
+        if done:
+            return now
+        if time.monotonic() > deadline:
+            return None
         time.sleep(poll)
 
 
-def run_dbworker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
+def _count_finished(engine: sa.Engine, table: str) -> int:
+    with engine.connect() as conn:
+        query = f"SELECT count(*) FROM {table} WHERE status = 'finished'"
+        return int(conn.exec_driver_sql(query).scalar() or 0)
+
+
+def run_dbworker(
+    backend: str, items: int, max_seconds: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    import sqlalchemy as sa
+
+    from .noop_work import insert_items
+
+    poll = args.poll_ms / 1000
     with scratch_database(backend, "throughput") as url:
-        dialect = for_url(url)
-        engine = sa.create_engine(url, **dialect.coordinator_engine_options())
-        dialect.configure_engine(engine)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks._dbworker_process",
+                "--concurrency",
+                str(args.concurrency),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_environment(),
+            cwd=REPOSITORY,
+        )
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(url + "\n")
+        process.stdin.flush()
+        memory = TreeMemory([process.pid], args.rss_interval_ms / 1000).start()
+        options = {"connect_args": {"timeout": 30}} if backend == "sqlite" else {}
+        engine = sa.create_engine(url, **options)
         try:
-            version = server_version(engine)
-            coordinator = Coordinator(
-                sessionmaker(engine),
-                database_url=url,
-                # Short waits after an empty poll, as a latency-minded deployment would
-                # set them: the batch is found within 50 ms of its commit.
-                poll_seconds=0.05,
-                max_poll_seconds=0.05,
-            )
-            coordinator.transactional_worker(
-                name=WORKER, source=NoopItem, concurrency=args.concurrency
-            )(noop)
-            table = coordinator.workers[WORKER].execution_table
-            Base.metadata.create_all(engine, tables=[ITEMS_TABLE])
-            coordinator.create_worker_tables()
-            poll = args.poll_ms / 1000
-            coordinator.start()
-            try:
-                insert_items(engine, 1, args.warmup)
-                _, warm = _wait_finished(
-                    engine, table, args.warmup, poll, time.monotonic() + args.timeout
-                )
-                if warm < args.warmup:
-                    raise TimeoutError(f"only {warm} of {args.warmup} warm-up items finished")
-                start = time.perf_counter()
-                insert_items(engine, args.warmup + 1, args.items)
-                end, done = _wait_finished(
-                    engine,
-                    table,
-                    args.warmup + args.items,
-                    poll,
-                    time.monotonic() + args.max_seconds,
-                )
-            finally:
-                coordinator.stop(timeout=30)
+            ready = _read_json_line(process.stdout, args.timeout)
+            table = ready["table"]
+            insert_items(engine, 1, args.warmup)
+            deadline = time.monotonic() + args.timeout
+            if _wait_all_finished(engine, table, args.warmup, poll, deadline) is None:
+                raise TimeoutError(f"dbworker/{backend}: the warm-up items did not finish")
+            cpu = tree_cpu_seconds([process.pid])
+            start = time.perf_counter()
+            deadline = time.monotonic() + max_seconds
+            insert_items(engine, args.warmup + 1, items)
+            end = _wait_all_finished(engine, table, args.warmup + items, poll, deadline)
+            completed: int | None = None
+            if end is None:  # truncated: the rate of what finished in time
+                completed = _count_finished(engine, table) - args.warmup
+                end = time.perf_counter()
+            cpu = tree_cpu_seconds([process.pid]) - cpu
+            memory_report = memory.stop()
+            if completed is None:
+                completed = _count_finished(engine, table) - args.warmup
+            process.stdin.close()
+            stopped = _read_json_line(process.stdout, 60)
+            if not stopped.get("stopped"):
+                raise RuntimeError(f"dbworker/{backend}: unexpected {stopped}")
+            process.wait(timeout=30)
         finally:
+            memory.stop()
             engine.dispose()
+            if process.poll() is None:
+                stop_process(process)
     seconds = end - start
-    completed = done - args.warmup
     return {
         "system": f"dbworker/{backend}",
-        "server": version,
-        "items": args.items,
+        "server": ready["server"],
+        "items": items,
         "items_completed": completed,
-        "truncated": completed < args.items,
+        "truncated": completed < items,
+        "max_seconds": max_seconds,
         "concurrency": args.concurrency,
         "seconds": round(seconds, 3),
         "items_per_second": round(completed / seconds, 1),
+        "cpu_ms_per_item": round(cpu * 1000 / max(completed, 1), 4),
+        "memory": memory_report,
     }
 
 
 # -- Celery --------------------------------------------------------------------------------
 
 
-def run_celery(args: argparse.Namespace) -> dict[str, Any]:
+def _queue_keys(queue: str) -> list[str]:
+    """The Redis lists of one kombu queue: one per priority step (0, 3, 6, 9)."""
+    return [queue, *(f"{queue}\x06\x16{step}" for step in (3, 6, 9))]
+
+
+def _wait_drained(client: Any, queue: str, unacked: str, poll: float, deadline: float) -> float:
+    """Wait until ``queue`` is empty and no message awaits an acknowledgement: when.
+
+    A message the worker has just popped is in neither place until kombu records it as
+    unacknowledged a moment later, so "drained" must be seen twice, 2 ms apart.
+    """
+
+    def pending() -> int:
+        pipe = client.pipeline(transaction=True)
+        for key in _queue_keys(queue):
+            pipe.llen(key)
+        pipe.hlen(unacked)
+        return sum(int(n) for n in pipe.execute())
+
+    while True:
+        if pending() == 0:
+            seen = time.perf_counter()
+            time.sleep(0.002)
+            if pending() == 0:
+                return seen
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Celery queue {queue} did not drain")
+        time.sleep(poll)
+
+
+def run_celery(config: str, items: int, args: argparse.Namespace) -> dict[str, Any]:
+    import celery
+    import redis
     from celery import group
 
     from . import celery_app
 
-    queue = f"dbw_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    env = {
-        **os.environ,
-        "DBWORKER_BENCH_REDIS_URL": REDIS_URL,
-        "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path if p),
-    }
+    keys = f"dbw_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    queue = keys
+    app = celery_app.make_app(config, keys)
+    task = app.tasks[celery_app.TASK]
+    unacked = celery_app.unacked_keys(keys)["unacked_key"]
+    poll = args.poll_ms / 1000
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -163,103 +285,257 @@ def run_celery(args: argparse.Namespace) -> dict[str, Any]:
             "--loglevel",
             "WARNING",
         ],
-        env=env,
-        cwd=Path(__file__).resolve().parent.parent,
+        env=child_environment(**{celery_app.CONFIG_ENV: config, celery_app.KEYS_ENV: keys}),
+        cwd=REPOSITORY,
+        stdout=subprocess.DEVNULL,  # its banner; warnings and errors still reach stderr
     )
+    memory = TreeMemory([worker.pid], args.rss_interval_ms / 1000).start()
+    client = redis.Redis.from_url(REDIS_URL)
     try:
-        task = celery_app.noop
-        warm = group(task.s() for _ in range(args.warmup)).apply_async(queue=queue)
-        warm.get(timeout=args.timeout)
-        start = time.perf_counter()
-        batch = group(task.s() for _ in range(args.items)).apply_async(queue=queue)
-        results = batch.get(timeout=args.timeout)
-        end = time.perf_counter()
-        if len(results) != args.items:
-            raise RuntimeError(f"got {len(results)} Celery results, expected {args.items}")
-        batch.forget()
-        warm.forget()
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-        celery_app.app.connection_for_write().default_channel.queue_delete(queue)
-    import celery
-    import redis
 
+        def send(n: int) -> Any:
+            return group(task.s() for _ in range(n)).apply_async(queue=queue)
+
+        if config == "results":
+            warm = send(args.warmup)
+            warm.get(timeout=args.timeout)
+            cpu = tree_cpu_seconds([worker.pid])
+            start = time.perf_counter()
+            batch = send(items)
+            results = batch.get(timeout=args.timeout)
+            end = time.perf_counter()
+            cpu = tree_cpu_seconds([worker.pid]) - cpu
+            if len(results) != items:
+                raise RuntimeError(f"got {len(results)} Celery results, expected {items}")
+            batch.forget()
+            warm.forget()
+        else:
+            send(args.warmup)
+            _wait_drained(client, queue, unacked, poll, time.monotonic() + args.timeout)
+            cpu = tree_cpu_seconds([worker.pid])
+            start = time.perf_counter()
+            send(items)
+            end = _wait_drained(client, queue, unacked, poll, time.monotonic() + args.timeout)
+            cpu = tree_cpu_seconds([worker.pid]) - cpu
+        memory_report = memory.stop()
+    finally:
+        memory.stop()
+        stop_process(worker)
+        app.connection_for_write().default_channel.queue_delete(queue)
+        client.delete(*celery_app.unacked_keys(keys).values())
+        client.close()
     seconds = end - start
     return {
-        "system": "celery+redis",
+        "system": f"celery_{config}",
         "server": f"celery {celery.__version__}, redis-py {redis.__version__}",
-        "items": args.items,
+        "config": config,
+        "items": items,
         "concurrency": args.concurrency,
         "seconds": round(seconds, 3),
-        "items_per_second": round(args.items / seconds, 1),
+        "items_per_second": round(items / seconds, 1),
+        "cpu_ms_per_item": round(cpu * 1000 / items, 4),
+        "memory": memory_report,
     }
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def summarize_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    summary = median_of(runs)
+    if any("truncated" in run for run in runs):
+        summary["truncated"] = any(run["truncated"] for run in runs)
+        summary["items_completed"] = statistics.median(run["items_completed"] for run in runs)
+    return summary
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator else None
+
+
+def compare(
+    results: dict[str, dict[str, dict[str, Any]]], dialects: Sequence[str], sizes: Sequence[int]
+) -> dict[str, Any]:
+    """dbworker's figures as ratios, and how each system scales from the smallest size."""
+    celery = [f"celery_{config}" for config in CELERY_CONFIGS if f"celery_{config}" in results]
+    ratios: dict[str, Any] = {}
+    for backend in dialects:
+        ours = results[f"dbworker/{backend}"]
+        entry: dict[str, Any] = {}
+        for size in sizes:
+            key = str(size)
+            figures: dict[str, Any] = {}
+            if celery:
+                fastest = max(celery, key=lambda name: results[name][key]["items_per_second"])
+                theirs = results[fastest][key]
+                figures["celery_fastest"] = fastest
+                figures["vs_celery_fastest"] = ratio(
+                    ours[key]["items_per_second"], theirs["items_per_second"]
+                )
+                figures["rss_vs_celery"] = ratio(ours[key]["peak_rss_kib"], theirs["peak_rss_kib"])
+                figures["pss_vs_celery"] = ratio(ours[key]["peak_pss_kib"], theirs["peak_pss_kib"])
+            limit = results.get(f"limit/{backend}")
+            if limit is not None:
+                figures["vs_limit"] = ratio(
+                    ours[key]["items_per_second"], limit[key]["items_per_second"]
+                )
+            entry[key] = figures
+        ratios[f"dbworker/{backend}"] = entry
+    if len(sizes) > 1:
+        small, large = str(min(sizes)), str(max(sizes))
+        name = f"at_{size_label(max(sizes))}_vs_{size_label(min(sizes))}"
+        for backend in dialects:
+            ours = results[f"dbworker/{backend}"]
+            ratios[f"dbworker/{backend}"][name] = ratio(
+                ours[large]["items_per_second"], ours[small]["items_per_second"]
+            )
+        ratios["scaling"] = {
+            "of": f"items/s {name}",
+            **{
+                system: ratio(
+                    by_size[large]["items_per_second"], by_size[small]["items_per_second"]
+                )
+                for system, by_size in results.items()
+            },
+        }
+    return ratios
+
+
+def print_summary(report: dict[str, Any], sizes: Sequence[int]) -> None:
+    print(
+        f"{'system':<22}{'size':>7}{'items/s':>10}{'CPU ms/item':>13}{'RSS MiB':>9}"
+        f"{'PSS MiB':>9}  ratios"
+    )
+    for system, by_size in report["results"].items():
+        for size in sizes:
+            figures = by_size[str(size)]
+            extra = report["ratios"].get(system, {}).get(str(size), {})
+            shown = ", ".join(
+                f"{k} {v}" for k, v in extra.items() if k != "celery_fastest" and v is not None
+            )
+            if figures.get("truncated"):
+                shown = f"(truncated at {figures['items_completed']}) {shown}"
+            print(
+                f"{system:<22}{size:>7}{figures['items_per_second']:>10}"
+                f"{figures.get('cpu_ms_per_item', ''):>13}"
+                f"{figures.get('peak_rss_kib', 0) / 1024:>9.1f}"
+                f"{figures.get('peak_pss_kib', 0) / 1024:>9.1f}  {shown}"
+            )
+    scaling = report["ratios"].get("scaling")
+    if scaling:
+        print(f"{scaling['of']}:")
+        for system, value in scaling.items():
+            if system != "of":
+                print(f"  {system:<20}{value}")
+
+
+def per_size(values: Sequence[float], sizes: Sequence[int]) -> dict[int, float]:
+    """One value per size, in order; the last value serves the remaining sizes."""
+    if not values:
+        raise ValueError("--max-seconds needs at least one value")
+    return {size: values[min(i, len(values) - 1)] for i, size in enumerate(sizes)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.throughput",
-        description="No-op throughput of dbworker on each database against Celery + Redis.",
+        description="No-op throughput and memory of dbworker on each database against "
+        "Celery + Redis (fast and with results) and the limit of each database.",
     )
     add_dialects_argument(parser)
-    parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument(
+        "--sizes",
+        "--items",
+        type=lambda text: [int(n) for n in csv(text)],
+        default=[3000, 20000],
+        help="comma-separated numbers of timed items; default 3000,20000",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--poll-ms", type=float, default=20.0)
     parser.add_argument(
         "--max-seconds",
-        type=float,
-        default=40.0,
-        help="measure dbworker on one database for at most this long: the rate is then "
-        "items finished so far / time (keeps a whole run within a few minutes)",
+        type=lambda text: [float(n) for n in csv(text)],
+        default=[30.0, 60.0],
+        help="per size (in --sizes order; the last value serves the rest): measure "
+        "dbworker on one database for at most this long, the rate is then items "
+        "finished so far / time; default 30,60",
     )
     parser.add_argument(
-        "--timeout", type=float, default=120.0, help="give up on a warm-up or Celery after this"
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="give up on a warm-up, a Celery run or a limit run after this",
     )
     parser.add_argument("--no-celery", dest="celery", action="store_false")
+    parser.add_argument("--no-limit", dest="limit", action="store_false")
+    parser.add_argument("--limit-batch", type=int, default=2, help="records per limit claim")
+    parser.add_argument("--rss-interval-ms", type=float, default=100.0)
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "throughput.json")
+    parser.add_argument("--label", help="a note stored in the report (e.g. 'smoke run')")
     args = parser.parse_args(argv)
     dialects: list[str] = args.dialects
+    sizes: list[int] = args.sizes
+    max_seconds = per_size(args.max_seconds, sizes)
 
     report: dict[str, Any] = new_report("throughput", argv) | {
+        "label": args.label,
         "config": {
-            "items": args.items,
-            "max_seconds_per_database": args.max_seconds,
+            "sizes": sizes,
+            "repeat": args.repeat,
+            "max_seconds_per_database": {str(s): m for s, m in max_seconds.items()},
             "warmup": args.warmup,
             "concurrency": args.concurrency,
             "poll_ms": args.poll_ms,
+            "limit_batch": args.limit_batch,
+            "rss_interval_ms": args.rss_interval_ms,
             "redis": REDIS_URL,
         },
-        "results": {},
     }
+    measurements: list[tuple[str, int, Callable[[], dict[str, Any]]]] = []
+    for size in sizes:
+        if args.celery:
+            for config in CELERY_CONFIGS:
+                measurements.append(
+                    (f"celery_{config}", size, functools.partial(run_celery, config, size, args))
+                )
+        for backend in dialects:
+            if args.limit:
+                limit = functools.partial(
+                    measure_limit,
+                    backend,
+                    size,
+                    warmup=args.warmup,
+                    batch=args.limit_batch,
+                    processes=args.concurrency,
+                    timeout=args.timeout,
+                    rss_interval=args.rss_interval_ms / 1000,
+                )
+                measurements.append((f"limit/{backend}", size, limit))
+            dbworker = functools.partial(run_dbworker, backend, size, max_seconds[size], args)
+            measurements.append((f"dbworker/{backend}", size, dbworker))
     started = time.perf_counter()
-    if args.celery:
-        result = run_celery(args)
-        report["results"]["celery"] = result
-        log(f"celery+redis: {result['items_per_second']} items/s ({result['seconds']} s)")
-    for backend in dialects:
-        result = run_dbworker(backend, args)
-        report["results"][backend] = result
-        log(f"dbworker/{backend}: {result['items_per_second']} items/s ({result['seconds']} s)")
-    if args.celery:
-        celery_rate = report["results"]["celery"]["items_per_second"]
-        report["ratios"] = {
-            "of": "dbworker items/s / celery items/s",
-            **{
-                backend: round(report["results"][backend]["items_per_second"] / celery_rate, 3)
-                for backend in dialects
-            },
-        }
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for repeat in range(args.repeat):
+        for system, size, measure in measurements:
+            result = measure()
+            runs.setdefault(system, {}).setdefault(size, []).append(result)
+            truncated = " truncated" if result.get("truncated") else ""
+            log(
+                f"[{repeat + 1}/{args.repeat}] {system} {size}: {result['items_per_second']} "
+                f"items/s ({result['seconds']} s{truncated}, {result['cpu_ms_per_item']} ms "
+                f"CPU/item, {result['memory']['peak_rss_kib'] / 1024:.1f} MiB RSS)"
+            )
+    report["results"] = {
+        system: {str(size): summarize_runs(by_size[size]) for size in sizes}
+        for system, by_size in runs.items()
+    }
+    report["ratios"] = compare(report["results"], dialects, sizes)
     report["total_seconds"] = round(time.perf_counter() - started, 1)
     write_report(args.output, report)
     log(f"wrote {args.output} ({report['total_seconds']} s)")
-    for key, ratio in report.get("ratios", {}).items():
-        if key != "of":
-            log(f"dbworker/{key} / celery: {ratio}")
+    print_summary(report, sizes)
     return 0
 
 
