@@ -293,7 +293,12 @@ class Dialect:
             }
             for source_id, now in rows
         ]
-        conn.execute(self.insert_ignore(worker.table).values(values))
+        # One statement built once, many parameter sets: SQLAlchemy sends them as
+        # multi-row INSERTs without compiling a statement for every batch.
+        statement = self._built_once(
+            ("insert_pending", worker.table), lambda: self.insert_ignore(worker.table)
+        )
+        conn.execute(statement, values)
         return len(values)
 
     def insert_ignore(self, table: Table) -> Insert:  # pragma: no cover - overridden

@@ -85,7 +85,9 @@ class Executor(ABC):
         """Stop the handler of ``task_key`` at once; no result will be reported for it."""
 
     @abstractmethod
-    def running(self) -> list[Task]: ...
+    def started(self, task_key: TaskKey) -> float | None:
+        """When the handler of ``task_key`` started (``time.monotonic()``); None while
+        it waits to start (claimed ahead) or once it is over."""
 
     @abstractmethod
     def shutdown(self) -> None:

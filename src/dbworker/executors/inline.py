@@ -11,6 +11,7 @@ import contextlib
 import queue
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -24,7 +25,8 @@ class InlineExecutor(Executor):
         super().__init__(slots, runner, parent_pid)
         self._threads: ThreadPoolExecutor | None = None
         self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
-        self._running: dict[TaskKey, Task] = {}
+        #: Running tasks and when they started.
+        self._running: dict[TaskKey, tuple[Task, float]] = {}
         self._lock = threading.Lock()
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
@@ -39,7 +41,7 @@ class InlineExecutor(Executor):
     def submit(self, task: Task) -> None:
         assert self._threads is not None, "start() first"
         with self._lock:
-            self._running[task.key] = task
+            self._running[task.key] = (task, time.monotonic())
         future = self._threads.submit(self.runner.run, task)
         future.add_done_callback(lambda done: self._done(task, done))
 
@@ -76,9 +78,10 @@ class InlineExecutor(Executor):
     def kill(self, task_key: TaskKey) -> bool:
         return False  # threads cannot be killed; see the module docstring
 
-    def running(self) -> list[Task]:
+    def started(self, task_key: TaskKey) -> float | None:
         with self._lock:
-            return list(self._running.values())
+            running = self._running.get(task_key)
+        return None if running is None else running[1]
 
     def shutdown(self) -> None:
         if self._threads is not None:

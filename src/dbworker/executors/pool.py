@@ -9,18 +9,19 @@ never a plain fork of the threaded coordinator.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import multiprocessing
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
 from .base import Executor, Runner
-from .process import READY, child_main, describe_exit
+from .process import CANCEL, READY, SKIPPED, child_main, describe_exit
 
 #: How long shutdown waits for an idle child to exit before killing it.
 EXIT_GRACE_SECONDS = 5.0
@@ -28,6 +29,11 @@ EXIT_GRACE_SECONDS = 5.0
 #: its replacements die too: a broken interpreter or environment must not spin.
 STARTUP_RETRY_SECONDS = 0.5
 STARTUP_RETRY_MAX_SECONDS = 30.0
+#: Tasks sent ahead into a process's pipe (the one running and the next): the next
+#: starts without waiting for the coordinator to read the result before it.
+PIPE_DEPTH = 2
+#: Prefetch only while the tasks waiting for a process would take about this long.
+PREFETCH_HORIZON_SECONDS = 0.05
 
 log = logging.getLogger("dbworker")
 
@@ -59,7 +65,10 @@ class ProcessHandle(Protocol):
 class _Child:
     process: ProcessHandle
     conn: Connection
-    task: Task | None = None
+    #: Tasks sent down its pipe, in order: the first is running, the rest wait there.
+    tasks: collections.deque[Task] = field(default_factory=collections.deque)
+    #: When the first of ``tasks`` started (as far as the coordinator can tell: when
+    #: it was sent, or when the result before it arrived).
     started: float = 0.0
     completed: int = 0
     #: Whether it said READY. Only a ready child gets work: a claim made for a child
@@ -70,11 +79,21 @@ class _Child:
     respawn_at: float | None = None
 
     @property
-    def idle(self) -> bool:
-        return self.task is None and self.ready and self.respawn_at is None
+    def usable(self) -> bool:
+        return self.ready and self.respawn_at is None
 
 
 class ProcessPool(Executor):
+    """Persistent processes, each running its tasks one after another.
+
+    With ``prefetch``, up to that many claimed tasks per process wait for it while
+    recent invocations are short (their expected wait stays under
+    ``PREFETCH_HORIZON_SECONDS``): the scheduler then claims in batches and a process
+    never idles while the coordinator claims. One of them waits in the process's own
+    pipe, so it starts the moment the one before it ends; the others wait here and go
+    to whichever process frees first.
+    """
+
     def __init__(
         self,
         slots: int,
@@ -83,6 +102,7 @@ class ProcessPool(Executor):
         start_method: str | None = None,
         max_tasks_per_child: int | None = None,
         spares: int = 0,
+        prefetch: int = 0,
     ) -> None:
         super().__init__(slots, runner, parent_pid)
         # Choices are validated where users make them (strategies.py).
@@ -91,7 +111,17 @@ class ProcessPool(Executor):
         #: Processes kept started and ready beyond ``slots``: with few tasks per
         #: process, a ready one is waiting when a task ends, instead of a start.
         self.spares = spares
+        #: At most this many tasks wait per process (a process that runs one task in
+        #: all has none waiting).
+        self.prefetch = 0 if max_tasks_per_child == 1 else prefetch
         self._children: list[_Child] = []
+        #: Submitted tasks no process has been sent yet, in claim order.
+        self._waiting: collections.deque[Task] = collections.deque()
+        #: Tasks that were killed while waiting in a process's pipe: that process is
+        #: stopped when it gets to one.
+        self._cancelled: set[TaskKey] = set()
+        #: Recent invocations' duration (exponentially weighted), for the prefetch depth.
+        self._typical_duration: float | None = None
         #: Recycled children on their way out, with the time to stop waiting for them.
         self._retiring: list[tuple[ProcessHandle, float]] = []
         self._payloads: dict[str, bytes] = {}
@@ -119,20 +149,78 @@ class ProcessPool(Executor):
         child_end.close()
         return process, parent_end
 
+    # -- capacity ------------------------------------------------------------------
+
+    def _depth(self) -> int:
+        """How many tasks each process may have (running and waiting) just now."""
+        if not self.prefetch:
+            return 1
+        typical = self._typical_duration
+        if typical is None:
+            return 1  # nothing measured yet: the tasks may be long ones
+        waiting = int(PREFETCH_HORIZON_SECONDS / max(typical, 1e-6))
+        return 1 + max(0, min(self.prefetch, waiting))
+
+    def _fresh(self, child: _Child, now: float) -> bool:
+        """Whether tasks may wait for ``child``: it is idle, or its task started so recently
+        that it should end soon (one running long would keep them waiting)."""
+        return not child.tasks or now - child.started < PREFETCH_HORIZON_SECONDS
+
     def free_slots(self) -> int:
-        idle = sum(1 for child in self._children if child.idle)
-        busy = sum(1 for child in self._children if child.task is not None)
-        return min(idle, self.slots - busy)
+        depth = self._depth()
+        now = time.monotonic()
+        room = sum(
+            max(0, depth - len(c.tasks))
+            for c in self._children
+            if c.usable and (depth == 1 or self._fresh(c, now))
+        )
+        held = len(self._waiting) + sum(len(c.tasks) for c in self._children)
+        free = max(0, min(room - len(self._waiting), self.slots * depth - held))
+        if depth == 1 or free >= (self.slots * depth) // 2:
+            return free
+        # Claim in batches (one claim feeds several tasks), unless a process idles.
+        hungry = any(c.usable and not c.tasks for c in self._children)
+        return free if hungry and not self._waiting else 0
 
     def submit(self, task: Task) -> None:
-        child = next(c for c in self._children if c.idle)
-        payload = self._payloads.get(task.worker)
-        if payload is None:
-            payload = self._payloads[task.worker] = task_payload(task)
-        child.task, child.started = task, time.monotonic()
-        # If the child is dead, collect() reports the crash for this task.
-        with contextlib.suppress(OSError, EOFError):
-            child.conn.send(task_message(task, payload))
+        if task.worker not in self._payloads:
+            self._payloads[task.worker] = task_payload(task)
+        self._waiting.append(task)
+        self._dispatch()
+
+    def _takes_more(self, child: _Child, now: float) -> bool:
+        if not child.usable or len(child.tasks) >= min(PIPE_DEPTH, self._depth()):
+            return False
+        if not self._fresh(child, now):
+            return False  # running long: the task goes to whichever process frees first
+        limit = self.max_tasks_per_child
+        return limit is None or child.completed + len(child.tasks) < limit
+
+    def _dispatch(self) -> None:
+        """Send waiting tasks to processes with room in their pipes, idle ones first."""
+        now = time.monotonic()
+        while self._waiting:
+            ready = [c for c in self._children if self._takes_more(c, now)]
+            if not ready:
+                return
+            child = min(ready, key=lambda c: len(c.tasks))
+            task = self._waiting.popleft()
+            if not child.tasks:
+                child.started = time.monotonic()
+            child.tasks.append(task)
+            # If the child is dead, collect() reports the crash for this task.
+            with contextlib.suppress(OSError, EOFError):
+                child.conn.send(task_message(task, self._payloads[task.worker]))
+
+    def _requeue(self, tasks: Sequence[Task]) -> None:
+        """Give tasks a dead or stopped process had not started to the others, first."""
+        for task in reversed(tasks):
+            if task.key in self._cancelled:
+                self._cancelled.discard(task.key)
+            else:
+                self._waiting.appendleft(task)
+
+    # -- results -------------------------------------------------------------------
 
     def wait_handles(self) -> Sequence[Any]:
         handles: list[Any] = []
@@ -141,53 +229,95 @@ class ProcessPool(Executor):
                 continue  # dead: its sentinel would wake the loop for ever
             if child.process.sentinel is not None:  # None: no pidfd (yet) to watch
                 handles.append(child.process.sentinel)
-            if child.task is not None or not child.ready:
+            if child.tasks or not child.ready:
                 handles.append(child.conn)
         return handles
 
     def collect(self) -> list[Result]:
         self._reap()
         results: list[Result] = []
-        for index, child in enumerate(self._children):
-            if child.respawn_at is not None:
-                if time.monotonic() >= child.respawn_at:
-                    self._replace(index)
-                continue
-            if not child.ready:
-                self._check_ready(child)
-                continue
-            if child.task is None:
-                if not child.process.is_alive():
-                    self._replace(index)
-                continue
-            result = self._receive(child)
-            alive = result is not None or child.process.is_alive()
+        for index in range(len(self._children)):
+            self._collect_child(index, results)
+        self._dispatch()
+        return results
+
+    def _collect_child(self, index: int, results: list[Result]) -> None:
+        child = self._children[index]
+        if child.respawn_at is not None:
+            if time.monotonic() >= child.respawn_at:
+                self._replace(index)
+            return
+        if not child.ready:
+            self._check_ready(child)
+            return
+        if not child.tasks:
+            if not child.process.is_alive():
+                self._replace(index)
+            return
+        while child.tasks:
+            message = self._receive(child)
+            alive = message is not None or child.process.is_alive()
             if not alive:
                 # A result sent just before the process exited is in the pipe by the
                 # time its death shows: look once more before calling it a crash.
-                result = self._receive(child)
+                message = self._receive(child)
+            if message is None:
+                if not alive:
+                    self._crashed(index, results)
+                return
+            result, skipped = _unpack(message)
             if result is not None:
-                results.append(result)
-                child.task = None
+                child.tasks.popleft()
                 child.completed += 1
-                if self.max_tasks_per_child and child.completed >= self.max_tasks_per_child:
-                    self._retire(index)
-                continue
-            if not alive:
-                task = child.task
-                child.process.join()
-                results.append(
-                    Result(
-                        task.key,
-                        ResultKind.CRASHED,
-                        error=describe_exit(child.process.exitcode),
-                        error_type="dbworker.WorkerCrashed",
-                        exitcode=child.process.exitcode,
-                        duration=time.monotonic() - child.started,
-                    )
+                results.append(result)
+                typical = self._typical_duration
+                self._typical_duration = (
+                    result.duration if typical is None else 0.8 * typical + 0.2 * result.duration
                 )
-                self._replace(index)
-        return results
+            for key in skipped:  # withdrawn before they started: no result for them
+                self._cancelled.discard(key)
+                child.tasks = collections.deque(t for t in child.tasks if t.key != key)
+            child.started = time.monotonic()  # the next one, if any, starts now
+            if child.tasks and child.tasks[0].key in self._cancelled:
+                # Withdrawn too late to be skipped: it is starting. Stop the process
+                # before that handler gets far; the tasks after it go to the others.
+                self._cancelled.discard(child.tasks[0].key)
+                self._stop_child(index)
+                return
+            if self.max_tasks_per_child and child.completed >= self.max_tasks_per_child:
+                self._retire(index)
+                return
+
+    def _crashed(self, index: int, results: list[Result]) -> None:
+        child = self._children[index]
+        task, *rest = child.tasks
+        child.tasks.clear()
+        child.process.join()
+        if task.key in self._cancelled:
+            self._cancelled.discard(task.key)  # killed on purpose: no result for it
+        else:
+            results.append(
+                Result(
+                    task.key,
+                    ResultKind.CRASHED,
+                    error=describe_exit(child.process.exitcode),
+                    error_type="dbworker.WorkerCrashed",
+                    exitcode=child.process.exitcode,
+                    duration=time.monotonic() - child.started,
+                )
+            )
+        self._requeue(rest)
+        self._replace(index)
+
+    def _stop_child(self, index: int) -> None:
+        """Kill a process and hand the tasks it had not started to the others."""
+        child = self._children[index]
+        child.process.kill()
+        child.process.join()
+        rest = list(child.tasks)[1:]
+        child.tasks.clear()
+        self._requeue(rest)
+        self._replace(index)
 
     def _check_ready(self, child: _Child) -> None:
         try:
@@ -219,11 +349,10 @@ class ProcessPool(Executor):
         """The child's end of the pipe closed before it said ready (it died starting)."""
 
     @staticmethod
-    def _receive(child: _Child) -> Result | None:
+    def _receive(child: _Child) -> Any:
         try:
             if child.conn.poll():
-                result: Result = child.conn.recv()
-                return result
+                return child.conn.recv()
         except (EOFError, OSError):
             pass
         return None
@@ -259,21 +388,36 @@ class ProcessPool(Executor):
         self._children[index] = self._spawn()
 
     def kill(self, task_key: TaskKey) -> bool:
-        for index, child in enumerate(self._children):
-            if child.task is not None and child.task.key == task_key:
-                child.process.kill()
-                child.process.join()
-                self._replace(index)
+        for task in self._waiting:
+            if task.key == task_key:
+                self._waiting.remove(task)
                 return True
+        for index, child in enumerate(self._children):
+            keys = [task.key for task in child.tasks]
+            if task_key not in keys:
+                continue
+            if keys[0] == task_key:
+                self._stop_child(index)
+            else:
+                # Waiting in the process's pipe: it skips the task when it gets to it
+                # (or, if it has started it meanwhile, is stopped then).
+                self._cancelled.add(task_key)
+                with contextlib.suppress(OSError):
+                    child.conn.send((CANCEL, task_key))
+            return True
         return False
 
-    def running(self) -> list[Task]:
-        return [child.task for child in self._children if child.task is not None]
+    def started(self, task_key: TaskKey) -> float | None:
+        for child in self._children:
+            if child.tasks and child.tasks[0].key == task_key:
+                return child.started
+        return None
 
     def shutdown(self) -> None:
+        self._waiting.clear()
         for child in self._children:
             with contextlib.suppress(OSError):
-                if child.task is None:
+                if not child.tasks:
                     child.conn.send(None)
                 else:
                     child.process.kill()
@@ -291,3 +435,10 @@ class ProcessPool(Executor):
                 process.kill()
                 process.join()
         self._retiring.clear()
+
+
+def _unpack(message: Any) -> tuple[Result | None, Sequence[TaskKey]]:
+    """A child's message as (result, keys of withdrawn tasks it skipped)."""
+    if isinstance(message, tuple) and message and message[0] == SKIPPED:
+        return (message[2] if len(message) > 2 else None), message[1]
+    return message, ()

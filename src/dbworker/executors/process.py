@@ -4,13 +4,16 @@ its coordinator, say when it is ready, and answer task messages with results."""
 from __future__ import annotations
 
 import _thread
+import collections
+import contextlib
 import os
 import select
 import signal
 import time
 from multiprocessing.connection import Connection
+from typing import Any
 
-from ..core.tasks import Result, TaskMessage, task_from_message
+from ..core.tasks import Result, TaskKey, TaskMessage, task_from_message
 from .base import Runner
 
 #: How often a child checks that its coordinator is still alive.
@@ -19,6 +22,10 @@ PARENT_CHECK_SECONDS = 1.0
 ORPHAN_EXIT_STATUS = 70
 #: What a child sends once it can start a handler at once (imports done, connected).
 READY = "ready"
+#: (CANCEL, task key): withdraw a task sent ahead, if it has not started.
+CANCEL = "cancel"
+#: (SKIPPED, [task keys]) or (SKIPPED, [task keys], result): withdrawn tasks skipped.
+SKIPPED = "skipped"
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -76,13 +83,70 @@ def child_main(conn: Connection, runner: Runner, parent_pid: int) -> None:
     try:
         runner.warm_up()
         conn.send(READY)
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                return
-            if message is None:
-                return
-            conn.send(answer(runner, message))
+        with contextlib.suppress(EOFError, OSError):
+            serve(conn, runner)
     finally:
         runner.dispose()
+
+
+def serve(conn: Connection, runner: Runner) -> None:
+    """Answer the tasks ``conn`` brings, in order, until it brings None.
+
+    Several tasks may wait in the pipe (sent ahead). The coordinator can withdraw one
+    that has not started (``(CANCEL, key)``): before starting a task this process reads
+    everything that has arrived, so a withdrawn task is skipped rather than started,
+    and says which it skipped with the next result (or alone, if it has none to send).
+    """
+    waiting: collections.deque[TaskMessage] = collections.deque()
+    cancelled: set[TaskKey] = set()
+
+    def read(message: Any) -> bool:
+        if message is None:
+            return False
+        if message[0] == CANCEL:
+            cancelled.add(message[1])
+        else:
+            waiting.append(message)
+        return True
+
+    def read_arrived() -> bool:
+        while conn.poll():
+            if not read(conn.recv()):
+                return False
+        return True
+
+    def skip_withdrawn() -> list[TaskKey]:
+        skipped = []
+        while waiting and message_key(waiting[0]) in cancelled:
+            key = message_key(waiting.popleft())
+            cancelled.discard(key)
+            skipped.append(key)
+        return skipped
+
+    if not read(conn.recv()):
+        return
+    while True:
+        if not read_arrived():
+            return
+        skipped = skip_withdrawn()
+        if skipped:
+            conn.send((SKIPPED, skipped))
+        if not waiting:
+            if not read(conn.recv()):
+                return
+            continue
+        result = answer(runner, waiting.popleft())
+        if not read_arrived():
+            conn.send(result)
+            return
+        skipped = skip_withdrawn()
+        # Sent with the result: when the coordinator reads it, it knows the next task
+        # has started (or that there is none).
+        conn.send(result if not skipped else (SKIPPED, skipped, result))
+        if not waiting and not read(conn.recv()):
+            return
+
+
+def message_key(message: TaskMessage) -> TaskKey:
+    worker, source_id, token, _attempt, _failures = message[0]
+    return (worker, source_id, token)

@@ -21,6 +21,15 @@ def _check_max_tasks(value: object) -> None:
         raise ConfigurationError(f"max_tasks_per_child must be an int >= 1, got {value!r}")
 
 
+def _check_prefetch(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"prefetch must be an int >= 0, got {value!r}")
+
+
+#: Claimed tasks that may wait for each process while invocations are short.
+DEFAULT_PREFETCH = 4
+
+
 def _check_start_method(method: str | None) -> None:
     if method is None:
         return
@@ -46,19 +55,30 @@ class Pool(_Choice):
     """Persistent child processes (forkserver or spawn), replaced when they die.
 
     ``max_tasks_per_child`` recycles a child after that many invocations (leaks).
+    ``prefetch`` is how many claimed tasks may wait for each process while recent
+    invocations are short (0: claim only for an idle process).
     """
 
     max_tasks_per_child: int | None = None
     start_method: str | None = None
+    prefetch: int = DEFAULT_PREFETCH
 
     def __post_init__(self) -> None:
         _check_max_tasks(self.max_tasks_per_child)
         _check_start_method(self.start_method)
+        _check_prefetch(self.prefetch)
 
     def build(self, slots: int, runner: TemplateRunner, parent_pid: int) -> Executor:
         from .pool import ProcessPool
 
-        return ProcessPool(slots, runner, parent_pid, self.start_method, self.max_tasks_per_child)
+        return ProcessPool(
+            slots,
+            runner,
+            parent_pid,
+            self.start_method,
+            self.max_tasks_per_child,
+            prefetch=self.prefetch,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +116,11 @@ class Subprocess(_Choice):
     env: Mapping[str, str] | None = None
     cwd: str | None = None
     max_tasks_per_child: int | None = None
+    prefetch: int = DEFAULT_PREFETCH
 
     def __post_init__(self) -> None:
         _check_max_tasks(self.max_tasks_per_child)
+        _check_prefetch(self.prefetch)
         if not isinstance(self.python, str) or not self.python:
             raise ConfigurationError(f"python must be an interpreter path, got {self.python!r}")
 
@@ -107,7 +129,14 @@ class Subprocess(_Choice):
 
         env = None if self.env is None else dict(self.env)
         return SubprocessPool(
-            slots, runner, parent_pid, self.python, env, self.cwd, self.max_tasks_per_child
+            slots,
+            runner,
+            parent_pid,
+            self.python,
+            env,
+            self.cwd,
+            self.max_tasks_per_child,
+            prefetch=self.prefetch,
         )
 
     def check_handler(self, worker: str, handler: object, source: type[Any]) -> None:

@@ -69,9 +69,15 @@ class SubprocessPool(ProcessPool):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         max_tasks_per_child: int | None = None,
+        prefetch: int = 0,
     ) -> None:
         super().__init__(
-            slots, runner, parent_pid, start_method="spawn", max_tasks_per_child=max_tasks_per_child
+            slots,
+            runner,
+            parent_pid,
+            start_method="spawn",
+            max_tasks_per_child=max_tasks_per_child,
+            prefetch=prefetch,
         )
         self.python = python or sys.executable
         self.env = dict(os.environ if env is None else env)

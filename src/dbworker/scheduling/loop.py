@@ -46,6 +46,8 @@ class Scheduler:
         self.outcomes = Outcomes(self.outbox, dialect, self.states, self.health)
         self._stopping = threading.Event()
         self._kill_at: float | None = None
+        #: Whether the items claimed ahead were given back after a stop was requested.
+        self._withdrawn = False
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._next_renewal = time.monotonic() + timings.renew_every
@@ -78,6 +80,9 @@ class Scheduler:
                 self._collect()
                 self.outbox.flush()
                 if self._stopping.is_set():
+                    if not self._withdrawn:
+                        self._withdrawn = True
+                        self.outcomes.withdraw_waiting()
                     if self._kill_at is not None and now >= self._kill_at:
                         self.outcomes.kill_running()
                     if not self._busy():
@@ -121,15 +126,21 @@ class Scheduler:
         if self.outbox.pending:
             deadlines.append(self.outbox.blocked_until)
         for state in self.states.values():
-            if state.worker.timeout is not None:
-                deadlines += [h.started + state.worker.timeout for h in state.held.values()]
+            timeout = state.worker.timeout
+            if timeout is None:
+                continue
+            name = state.worker.name
+            for source_id, held in state.held.items():
+                started = state.executor.started((name, source_id, held.token))
+                if started is not None:
+                    deadlines.append(started + timeout)
         if self._kill_at is not None:
             deadlines.append(self._kill_at)
-        timeout = max(0.0, min(deadlines) - now)
+        wait_for = max(0.0, min(deadlines) - now)
         handles: list[Any] = [self._wake_read]
         for state in self.states.values():
             handles.extend(state.executor.wait_handles())
-        if wait(handles, timeout):
+        if wait(handles, wait_for):
             try:
                 while self._wake_read.recv(4096):
                     pass

@@ -95,9 +95,12 @@ class Outcomes:
             if limit is None:
                 continue
             for source_id, held in list(state.held.items()):
-                if now - held.started < limit:
+                key = (worker.name, source_id, held.token)
+                started = state.executor.started(key)
+                # Measured from the handler's start: a task claimed ahead is not late.
+                if started is None or now - started < limit:
                     continue
-                if not state.executor.kill((worker.name, source_id, held.token)):
+                if not state.executor.kill(key):
                     continue
                 state.held.pop(source_id)
                 exc = HandlerTimeout(
@@ -132,6 +135,21 @@ class Outcomes:
                     log.warning("%s stopped by coordinator shutdown; released", where, extra=extra)
                     self._record(
                         state, source_id, held.token, held.attempt, stopped, error, "releasing"
+                    )
+
+    def withdraw_waiting(self) -> None:
+        """Give back the items claimed ahead whose handlers have not started (a stop
+        waits for running handlers only): claimable again at once, by anyone."""
+        stopped = decide(Ending.STOPPED)
+        error = ErrorInfo("claimed ahead; given back by coordinator shutdown")
+        for state in self.states.values():
+            name = state.worker.name
+            for source_id, held in list(state.held.items()):
+                key = (name, source_id, held.token)
+                if state.executor.started(key) is None and state.executor.kill(key):
+                    state.held.pop(source_id)
+                    self._record(
+                        state, source_id, held.token, held.attempt, stopped, error, "giving back"
                     )
 
     def claimed(self, state: WorkerState, claim: Claim) -> bool:
