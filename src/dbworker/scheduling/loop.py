@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
+import select
 import socket
 import threading
 import time
-from multiprocessing.connection import wait
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -51,6 +52,7 @@ class Scheduler:
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._next_renewal = time.monotonic() + timings.renew_every
+        self._waiter = _Waiter()
         self.thread = threading.Thread(target=self._run, name="dbworker-scheduler")
 
     # -- control (any thread) ------------------------------------------------------
@@ -137,10 +139,10 @@ class Scheduler:
         if self._kill_at is not None:
             deadlines.append(self._kill_at)
         wait_for = max(0.0, min(deadlines) - now)
-        handles: list[Any] = [self._wake_read]
+        fds = [self._wake_read.fileno()]
         for state in self.states.values():
-            handles.extend(state.executor.wait_handles())
-        if wait(handles, wait_for):
+            fds += [_fileno(handle) for handle in state.executor.wait_handles()]
+        if self._waiter.wait(fds, wait_for):
             try:
                 while self._wake_read.recv(4096):
                     pass
@@ -227,3 +229,30 @@ class Scheduler:
         for claim in claims:
             if self.outcomes.claimed(state, claim):
                 state.executor.submit(worker.task(claim))
+
+
+def _fileno(handle: Any) -> int:
+    return handle if isinstance(handle, int) else int(handle.fileno())
+
+
+class _Waiter:
+    """Waits for any of a set of file descriptors to become readable.
+
+    The set rarely changes (processes are replaced now and then), so one poll object
+    is kept and changed only when it does, instead of a selector built for each wait.
+    """
+
+    def __init__(self) -> None:
+        self._poll = select.poll()
+        self._fds: set[int] = set()
+
+    def wait(self, fds: list[int], timeout: float) -> bool:
+        wanted = set(fds)
+        if wanted != self._fds:
+            for fd in self._fds - wanted:
+                self._poll.unregister(fd)
+            for fd in wanted - self._fds:
+                self._poll.register(fd, select.POLLIN)
+            self._fds = wanted
+        # poll() takes milliseconds; round up so a deadline is not missed by a hair.
+        return bool(self._poll.poll(max(0, math.ceil(timeout * 1000))))
