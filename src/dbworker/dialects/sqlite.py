@@ -13,6 +13,7 @@ from sqlalchemy.sql.dml import Insert
 from ..core.errors import ConfigurationError
 from .base import Dialect, WorkerTable, claim_columns
 from .open_first import CrossJoin, in_direction, key_direction, pin_open_records
+from .sqlite_turns import take_turns
 
 #: How long a connection waits for the write lock before SQLITE_BUSY, unless the
 #: engine's options say otherwise (``connect_args={"timeout": seconds}`` or
@@ -99,9 +100,20 @@ class SQLiteDialect(Dialect):
             finally:
                 cursor.close()
 
+        # Registered before BEGIN IMMEDIATE below, so a connection has its turn first.
+        take_turns(engine, _file_path(engine.url), self._busy_timeout(engine))
+
         @event.listens_for(engine, "begin")
         def _begin(connection: Any) -> None:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    @staticmethod
+    def _busy_timeout(engine: Engine) -> float:
+        timeout = engine.url.query.get("timeout")
+        try:
+            return float(timeout) if isinstance(timeout, str) else BUSY_TIMEOUT_MS / 1000
+        except ValueError:
+            return BUSY_TIMEOUT_MS / 1000
 
     def is_transient(self, error: BaseException) -> bool:
         message = str(getattr(error, "orig", error)).lower()

@@ -27,7 +27,7 @@ def _check_prefetch(value: object) -> None:
 
 
 #: Claimed tasks that may wait for each process while invocations are short.
-DEFAULT_PREFETCH = 4
+DEFAULT_PREFETCH = 16
 
 
 def _check_start_method(method: str | None) -> None:

@@ -1,0 +1,109 @@
+"""Taking turns at SQLite's write lock, between dbworker's own connections.
+
+SQLite has one writer at a time. A connection that finds the write lock taken
+waits in SQLite's busy handler, which sleeps 1 ms, then 2, 5, 10 ms... before it
+looks again, however soon the lock came free: with a coordinator and a few handler
+processes each writing for a fraction of a millisecond, most of the time goes to
+sleeping. So dbworker's connections first queue on an OS file lock beside the
+database (waking the moment it is released), and take SQLite's write lock when
+they have their turn. SQLite's own lock still does the excluding: the turns only
+decide who asks next, and a turn not given back in time (a bug, or a transaction
+left open) costs a wait of at most the busy timeout, never correctness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from typing import Any
+
+from sqlalchemy import Engine, event
+
+#: The file lock's name: the database's path with this suffix (beside -wal and -shm).
+SUFFIX = "-dbworker-turns"
+_FD = "dbworker_turn_fd"
+_HELD = "dbworker_turn_held"
+#: First and longest pause between two looks at a taken turn (seconds).
+FIRST_PAUSE = 0.00002
+LONGEST_PAUSE = 0.001
+
+
+def take_turns(engine: Engine, database: str, timeout: float) -> None:
+    """Make ``engine``'s transactions queue for the write lock of ``database`` (a path)."""
+    path = database + SUFFIX
+
+    @event.listens_for(engine, "connect")
+    def _connect(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_FD] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        record.info[_HELD] = False
+
+    @event.listens_for(engine, "close")
+    def _close(_dbapi_connection: Any, record: Any) -> None:
+        fd = record.info.pop(_FD, None)
+        if fd is not None:
+            os.close(fd)  # gives the turn back too
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Any) -> None:
+        _take(connection.connection.info, timeout)
+
+    @event.listens_for(engine, "commit")
+    def _commit(connection: Any) -> None:
+        # This event comes before the commit: commit here, so the turn is given back
+        # after it (SQLAlchemy's own commit that follows finds nothing to commit). A
+        # failure is left to that commit, which reports it; the turn stays until the
+        # rollback that follows.
+        info = connection.connection.info
+        try:
+            connection.connection.dbapi_connection.commit()
+        except Exception:
+            return
+        _give_back(info)
+
+    @event.listens_for(engine, "rollback")
+    def _rollback(connection: Any) -> None:
+        info = connection.connection.info
+        with contextlib.suppress(Exception):
+            connection.connection.dbapi_connection.rollback()
+        _give_back(info)
+
+    @event.listens_for(engine, "reset")
+    def _reset(dbapi_connection: Any, record: Any, _state: Any = None) -> None:
+        # Checked in with a transaction still open: roll it back, then give the turn back.
+        with contextlib.suppress(Exception):
+            dbapi_connection.rollback()
+        _give_back(record.info)
+
+    @event.listens_for(engine, "invalidate")
+    def _invalidate(_dbapi_connection: Any, record: Any, _exception: Any) -> None:
+        _give_back(record.info)
+
+
+def _take(info: dict[str, Any], timeout: float) -> None:
+    fd = info.get(_FD)
+    if fd is None or info.get(_HELD):
+        return
+    deadline = time.monotonic() + timeout
+    pause = FIRST_PAUSE
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return  # SQLite's busy handler decides from here
+            time.sleep(pause)
+            pause = min(pause * 2, LONGEST_PAUSE)
+            continue
+        info[_HELD] = True
+        return
+
+
+def _give_back(info: dict[str, Any]) -> None:
+    fd = info.get(_FD)
+    if fd is None or not info.get(_HELD):
+        return
+    info[_HELD] = False
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
