@@ -17,6 +17,7 @@ a handful of index entries even in a backlog of millions.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
@@ -25,10 +26,11 @@ from sqlalchemy import ColumnElement, Select, Table, asc, desc, nulls_first, nul
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.elements import UnaryExpression
+from sqlalchemy.sql.elements import BindParameter, UnaryExpression
 from sqlalchemy.sql.selectable import FromClause, Join
 
-from .base import WorkerTable
+from ..core.status import Phase
+from .base import Claim, Dialect, WorkerTable
 
 _MODIFIERS: dict[Any, Callable[[ColumnElement[Any]], ColumnElement[Any]]] = {
     operators.asc_op: asc,
@@ -171,3 +173,73 @@ def status_index(table: Table) -> str:
         if [c.name for c in index.columns] == ["status", "source_id"] and index.name:
             return str(index.name)
     raise LookupError(f"{table.name} has no (status, source_id) index")
+
+
+def order_terms(query: Select[Any]) -> list[tuple[ColumnElement[Any], list[Any]]] | None:
+    """``query``'s ORDER BY as (expression, modifiers) pairs (none without an ORDER BY);
+    None when a term is one this module does not rewrite. A one-statement claim carries
+    the expressions out of its search as columns, to return its rows in claim order."""
+    terms = [split_order(term) for term in query._order_by_clauses]
+    checked = [term for term in terms if term is not None]
+    return checked if len(checked) == len(terms) else None
+
+
+def claimed(rows: Iterable[Any]) -> list[Claim]:
+    """Claims from rows of (source_id, token, attempts, failures, crashes) as a claim
+    UPDATE stored them: the new token and counters, the status it set."""
+    working = Phase.WORKING.value
+    return [
+        Claim(source_id, token, attempts, failures, crashes, working)
+        for source_id, token, attempts, failures, crashes in rows
+    ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reusable:
+    statement: Any
+    #: The key of the statement's LIMIT parameter.
+    limit_key: str
+    #: The parameters of the eligible query the statement was built from, in the order
+    #: SQLAlchemy's cache key lists them.
+    binds: tuple[BindParameter[Any], ...]
+
+
+def reuse(
+    dialect: Dialect,
+    key: tuple[Any, ...],
+    eligible: Select[Any],
+    limit: int,
+    build: Callable[[], tuple[Any, BindParameter[Any]]],
+) -> tuple[Any, dict[str, Any]]:
+    """A claim statement for ``eligible`` and the parameters to run it with.
+
+    Building a claim statement costs far more than running it, and every eligible
+    query a worker returns has the same shape, so the statement is built once per
+    shape (SQLAlchemy's cache key) and run with this call's values: the eligible
+    query's parameters, which line up with those of the query it was built from as
+    they do in SQLAlchemy's own statement cache, and the limit. ``build()`` returns
+    the statement and its LIMIT parameter.
+    """
+    cache_key = eligible._generate_cache_key()
+    if cache_key is None or dialect.clock is not None:
+        # An element SQLAlchemy cannot cache, or a test clock's literal "now".
+        return build()[0], {}
+
+    def make() -> _Reusable:
+        statement, limit_bind = build()
+        return _Reusable(statement, limit_bind.key, tuple(cache_key.bindparams))
+
+    built: _Reusable = dialect._built_once((*key, cache_key.key), make)
+    # Same shape, so the same parameters in the same order (strict: a mismatch is a bug).
+    pairs = zip(built.binds, cache_key.bindparams, strict=True)
+    params = {old.key: new.effective_value for old, new in pairs}
+    params[built.limit_key] = limit
+    return built.statement, params
+
+
+def limit_param(query: Select[Any]) -> BindParameter[Any]:
+    """The parameter of ``query``'s LIMIT (an integer limit is bound, not rendered)."""
+    clause = query._limit_clause
+    if not isinstance(clause, BindParameter):
+        raise TypeError(f"expected a bound LIMIT, got {clause!r}")
+    return clause
