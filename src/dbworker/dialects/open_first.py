@@ -26,11 +26,12 @@ from sqlalchemy import ColumnElement, Select, Table, asc, desc, nulls_first, nul
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.elements import BindParameter, UnaryExpression
-from sqlalchemy.sql.selectable import FromClause, Join
+from sqlalchemy.sql.elements import BindParameter, BooleanClauseList, UnaryExpression
+from sqlalchemy.sql.selectable import Alias, FromClause, Join
+from sqlalchemy.sql.visitors import InternalTraversal
 
-from ..core.status import Phase
-from .base import Claim, Dialect, WorkerTable
+from ..core.status import OPEN, Phase
+from .base import Claim, Dialect, WorkerTable, _in
 
 _MODIFIERS: dict[Any, Callable[[ColumnElement[Any]], ColumnElement[Any]]] = {
     operators.asc_op: asc,
@@ -58,6 +59,25 @@ class CrossJoin(_PinnedJoin):
     keyword = "CROSS JOIN"
 
 
+class IndexedCrossJoin(CrossJoin):
+    """A CROSS JOIN whose left table SQLite reads through the index ``index`` (INDEXED
+    BY: if the query cannot use that index, SQLite raises an error rather than choose
+    another plan)."""
+
+    inherit_cache = True
+    # The index is part of the SQL, so it is part of the cache key.
+    _traverse_internals = [
+        *Join._traverse_internals,
+        ("index", InternalTraversal.dp_string),
+    ]
+
+    def __init__(
+        self, left: FromClause, right: FromClause, onclause: ColumnElement[bool], index: str
+    ) -> None:
+        super().__init__(left, right, onclause)
+        self.index = index
+
+
 class StraightJoin(_PinnedJoin):
     """MySQL's STRAIGHT_JOIN reads the left table before the right one."""
 
@@ -74,6 +94,7 @@ def _originals(elements: Iterable[FromClause]) -> Iterator[FromClause]:
 
 
 @compiles(CrossJoin)
+@compiles(IndexedCrossJoin)
 @compiles(StraightJoin)
 def _compile_pinned(
     join: _PinnedJoin,
@@ -90,6 +111,8 @@ def _compile_pinned(
             )
         )
     left = join.left._compiler_dispatch(compiler, asfrom=True, from_linter=from_linter, **kw)
+    if isinstance(join, IndexedCrossJoin):
+        left += f" INDEXED BY {compiler.preparer.quote(join.index)}"
     right = join.right._compiler_dispatch(compiler, asfrom=True, from_linter=from_linter, **kw)
     assert join.onclause is not None, "pinned joins are always built with an ON clause"
     on = join.onclause._compiler_dispatch(compiler, from_linter=from_linter, **kw)
@@ -97,12 +120,16 @@ def _compile_pinned(
 
 
 def pin_open_records(
-    query: Select[Any], worker: WorkerTable, join: type[_PinnedJoin]
+    query: Select[Any], worker: WorkerTable, join: type[_PinnedJoin], index: str | None = None
 ) -> Select[Any]:
     """``query`` (the eligible query, with the execution table's columns) with the
-    execution table joined in front of the source table by ``join``."""
+    execution table joined in front of the source table by ``join`` (a CROSS JOIN may
+    name the ``index`` the execution table is read through)."""
     pk = worker.source_pk
     on = worker.table.c.source_id == pk
+    if index is not None:
+        assert join is CrossJoin, "only SQLite's CROSS JOIN names an index"
+        return query.select_from(IndexedCrossJoin(worker.table, pk.table, on, index))
     return query.select_from(join(worker.table, pk.table, on))
 
 
@@ -243,3 +270,27 @@ def limit_param(query: Select[Any]) -> BindParameter[Any]:
     if not isinstance(clause, BindParameter):
         raise TypeError(f"expected a bound LIMIT, got {clause!r}")
     return clause
+
+
+def open_index(table: FromClause) -> str:
+    """The name of the execution table's (or an alias's) open-records index: source_id,
+    partial."""
+    while isinstance(table, Alias):
+        table = table.element
+    assert isinstance(table, Table), table
+    for index in table.indexes:
+        if [c.name for c in index.columns] == ["source_id"] and index.name:
+            return str(index.name)
+    raise LookupError(f"{table.name} has no open-records index")
+
+
+def implies_open(condition: ColumnElement[bool], table: FromClause) -> bool:
+    """Whether ``condition`` has the open-records indexes' predicate (status IN the open
+    phases) as one of its top-level AND terms: SQLite matches a partial index's
+    predicate term by term, and uses (or may be told to use) the index only then."""
+    terms: Iterable[Any] = [condition]
+    if isinstance(condition, BooleanClauseList) and condition.operator is operators.and_:
+        terms = condition.clauses
+    # As Dialect.claimable spells it, and the schema's partial indexes too.
+    predicate = _in(table.c.status, OPEN)
+    return any(term.compare(predicate) for term in terms)
