@@ -65,8 +65,9 @@ class IndexedCrossJoin(CrossJoin):
     another plan)."""
 
     inherit_cache = True
-    # The index is part of the SQL, so it is part of the cache key.
-    _traverse_internals = [
+    # The index is part of the SQL, so it is part of the cache key. (Not a ClassVar:
+    # SQLAlchemy declares the attribute without one, and mypy rejects the change.)
+    _traverse_internals = [  # noqa: RUF012
         *Join._traverse_internals,
         ("index", InternalTraversal.dp_string),
     ]
@@ -236,7 +237,7 @@ def reuse(
     key: tuple[Any, ...],
     eligible: Select[Any],
     limit: int,
-    build: Callable[[], tuple[Any, BindParameter[Any]]],
+    build: Callable[[], tuple[Any, str]],
 ) -> tuple[Any, dict[str, Any]]:
     """A claim statement for ``eligible`` and the parameters to run it with.
 
@@ -245,7 +246,7 @@ def reuse(
     shape (SQLAlchemy's cache key) and run with this call's values: the eligible
     query's parameters, which line up with those of the query it was built from as
     they do in SQLAlchemy's own statement cache, and the limit. ``build()`` returns
-    the statement and its LIMIT parameter.
+    the statement and the key of its LIMIT parameter.
     """
     cache_key = eligible._generate_cache_key()
     if cache_key is None or dialect.clock is not None:
@@ -253,8 +254,8 @@ def reuse(
         return build()[0], {}
 
     def make() -> _Reusable:
-        statement, limit_bind = build()
-        return _Reusable(statement, limit_bind.key, tuple(cache_key.bindparams))
+        statement, limit_key = build()
+        return _Reusable(statement, limit_key, tuple(cache_key.bindparams))
 
     built: _Reusable = dialect._built_once((*key, cache_key.key), make)
     # Same shape, so the same parameters in the same order (strict: a mismatch is a bug).
@@ -264,12 +265,12 @@ def reuse(
     return built.statement, params
 
 
-def limit_param(query: Select[Any]) -> BindParameter[Any]:
-    """The parameter of ``query``'s LIMIT (an integer limit is bound, not rendered)."""
+def limit_key(query: Select[Any]) -> str:
+    """The key of ``query``'s LIMIT parameter (an integer limit is bound, not rendered)."""
     clause = query._limit_clause
     if not isinstance(clause, BindParameter):
         raise TypeError(f"expected a bound LIMIT, got {clause!r}")
-    return clause
+    return str(clause.key)
 
 
 def open_index(table: FromClause) -> str:

@@ -23,7 +23,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
-from sqlalchemy.sql.elements import BindParameter
 
 from .base import Claim, Dialect, Owner, WorkerTable, claim_columns
 from .open_first import (
@@ -31,7 +30,7 @@ from .open_first import (
     claimed,
     in_direction,
     key_direction,
-    limit_param,
+    limit_key,
     order_terms,
     plain_shape,
     reuse,
@@ -195,9 +194,9 @@ class PostgreSQLDialect(Dialect):
         limit: int,
         lease_seconds: float,
         owner: Owner,
-    ) -> tuple[Any, BindParameter[Any]]:
+    ) -> tuple[Any, str]:
         """One statement that locks, claims and returns up to ``limit`` records in claim
-        order, and its LIMIT parameter.
+        order, and the key of its LIMIT parameter.
 
         The search (``candidates``, with FOR UPDATE OF the execution table SKIP LOCKED
         inside its ordered scan, so its LIMIT counts only rows this claim locked) is a
@@ -241,7 +240,7 @@ class PostgreSQLDialect(Dialect):
                 ]
             )
         )
-        return statement, limit_param(search)
+        return statement, limit_key(search)
 
     def _guard(self, conn: Connection) -> dict[str, str]:
         """Switch PLAN_SETTINGS off for the next statement, which restores them from the

@@ -21,7 +21,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import Insert
-from sqlalchemy.sql.elements import BindParameter
 
 from ..core.errors import ConfigurationError
 from .base import Claim, Dialect, Owner, WorkerTable, claim_columns
@@ -31,7 +30,7 @@ from .open_first import (
     implies_open,
     in_direction,
     key_direction,
-    limit_param,
+    limit_key,
     open_index,
     pin_open_records,
     reuse,
@@ -144,7 +143,7 @@ class SQLiteDialect(Dialect):
         limit: int,
         lease_seconds: float,
         owner: Owner,
-    ) -> tuple[Any, BindParameter[Any]]:
+    ) -> tuple[Any, str]:
         """UPDATE ... WHERE source_id IN (the search) RETURNING: one statement, under
         the write lock BEGIN IMMEDIATE took, so no other claim runs between its search
         and its update. The search reads an alias of the execution table, so that
@@ -161,7 +160,7 @@ class SQLiteDialect(Dialect):
             .ordered_values(*self._claim_values(table, lease_seconds, owner))
             .returning(c.source_id, c.token, c.attempts, c.failures, c.crashes)
         )
-        return statement, limit_param(search)
+        return statement, limit_key(search)
 
     def configure_engine(self, engine: Engine) -> None:
         super().configure_engine(engine)
