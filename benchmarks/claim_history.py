@@ -37,7 +37,9 @@ Run: ``python -m benchmarks.claim_history --help``.
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -146,24 +148,31 @@ def _exec_values(key: str, status: Phase) -> str:
 
 def load_history(engine: sa.Engine, setup: Setup, status: Phase = Phase.FINISHED) -> None:
     """Insert source rows ``1..size`` and an execution record in ``status`` for each."""
+    load_rows(engine, setup, 1, setup.size, status)
+
+
+def load_rows(engine: sa.Engine, setup: Setup, first: int, count: int, status: Phase) -> None:
+    """Insert source rows ``first..first+count-1`` and an execution record in ``status``
+    for each."""
     now = time.time()
     item, exec_ = setup.source.name, setup.exec_table.name
     if engine.dialect.name == "postgresql":
-        series = "generate_series(1, CAST(:n AS integer)) g"
+        series = "generate_series(CAST(:a AS integer), CAST(:b AS integer)) g"
+        bounds = {"a": first, "b": first + count - 1}
         with engine.begin() as conn:
             conn.execute(
                 sa.text(
                     f"INSERT INTO {item} (id, enabled, payload) "
                     f"SELECT g, true, 'payload' FROM {series}"
                 ),
-                {"n": setup.size},
+                bounds,
             )
             conn.execute(
                 sa.text(
                     f"INSERT INTO {exec_} ({_EXEC_COLUMNS}) SELECT {_exec_values('g', status)} "
                     f"FROM {series}"
                 ),
-                {"n": setup.size, "t": now},
+                {**bounds, "t": now},
             )
         return
     # Elsewhere a sequence table cross-joined with itself, in chunks so that one
@@ -173,10 +182,10 @@ def load_history(engine: sa.Engine, setup: Setup, status: Phase = Phase.FINISHED
         "FROM bench_seq s1 CROSS JOIN bench_seq s2 "
         f"WHERE s1.n * {SEQ_SIZE} + s2.n < :count AND s1.n <= :hi"
     )
-    start = 1
-    while start <= setup.size:
-        count = min(LOAD_CHUNK, setup.size - start + 1)
-        params = {"a": start, "count": count, "hi": count // SEQ_SIZE, "t": now}
+    start, end = first, first + count
+    while start < end:
+        chunk = min(LOAD_CHUNK, end - start)
+        params = {"a": start, "count": chunk, "hi": chunk // SEQ_SIZE, "t": now}
         with engine.begin() as conn:
             conn.execute(
                 sa.text(
@@ -191,7 +200,7 @@ def load_history(engine: sa.Engine, setup: Setup, status: Phase = Phase.FINISHED
                 ),
                 params,
             )
-        start += count
+        start += chunk
 
 
 def create_schema(engine: sa.Engine, setups: list[Setup], stats: str) -> None:
@@ -347,15 +356,17 @@ def capture_statements(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
 
 
 def explain_claim(engine: sa.Engine, dialect: Dialect, setup: Setup, limit: int) -> dict[str, Any]:
-    """The plan (with actual row counts where the database reports them) of the first
-    SELECT a claim runs: the search that has to find open work among the history."""
+    """The plans (with actual row counts where the database reports them) of every
+    statement a claim runs, replayed in order in one transaction that is rolled back
+    (EXPLAIN ANALYZE runs what it explains, so each statement sees what the claim's
+    earlier ones did). On PostgreSQL ``buffers`` is the shared buffers they read in all."""
     with capture_statements(engine) as seen, engine.connect() as conn:
         trans = conn.begin()
         dialect.claim(conn, setup.worker, setup.eligible(), limit, LEASE_SECONDS, Owner.current())
         trans.rollback()
-    statement, parameters = next(
-        (s, p) for s, p in seen if s.lstrip().upper().startswith(("SELECT", "WITH"))
-    )
+    statements = [
+        (s, p) for s, p in seen if s.lstrip().upper().startswith(("SELECT", "WITH", "UPDATE"))
+    ]
     backend = engine.dialect.name
     if backend == "postgresql":
         prefix = "EXPLAIN (ANALYZE, BUFFERS) "
@@ -363,23 +374,34 @@ def explain_claim(engine: sa.Engine, dialect: Dialect, setup: Setup, limit: int)
         prefix = "ANALYZE " if getattr(engine.dialect, "is_mariadb", False) else "EXPLAIN ANALYZE "
     else:
         prefix = "EXPLAIN QUERY PLAN "
+    explained: list[dict[str, Any]] = []
+    buffers = 0
     with engine.connect() as conn:
         trans = conn.begin()
-        result = conn.exec_driver_sql(prefix + statement, parameters)
-        keys = list(result.keys())
-        rows = [dict(zip(keys, row, strict=True)) for row in result.all()]
+        for statement, parameters in statements:
+            result = conn.exec_driver_sql(prefix + statement, parameters)
+            keys = list(result.keys())
+            rows = [dict(zip(keys, row, strict=True)) for row in result.all()]
+            plan: list[Any]
+            if backend == "sqlite":
+                plan = [f"{r['id']}<{r['parent']}: {r['detail']}" for r in rows]
+            elif len(keys) == 1:
+                plan = [str(next(iter(r.values()))) for r in rows]
+            else:
+                plan = [
+                    {k: (v if isinstance(v, int | float | None) else str(v)) for k, v in r.items()}
+                    for r in rows
+                ]
+            if backend == "postgresql":
+                # The first Buffers line is the top node's, which counts its children.
+                top = next((line for line in plan if "Buffers: shared" in line), "")
+                buffers += sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", top))
+            explained.append({"statement": statement, "plan": plan})
         trans.rollback()
-    plan: list[Any]
-    if backend == "sqlite":
-        plan = [f"{r['id']}<{r['parent']}: {r['detail']}" for r in rows]
-    elif len(keys) == 1:
-        plan = [str(next(iter(r.values()))) for r in rows]
-    else:
-        plan = [
-            {k: (v if isinstance(v, int | float | None) else str(v)) for k, v in r.items()}
-            for r in rows
-        ]
-    return {"statement": statement, "plan": plan}
+    out: dict[str, Any] = {"statements": explained}
+    if backend == "postgresql":
+        out["buffers"] = buffers
+    return out
 
 
 def measure(
@@ -481,6 +503,186 @@ def run_pass(backend: str, stats: str, args: argparse.Namespace) -> dict[str, An
     return result
 
 
+# -- during churn -----------------------------------------------------------------------
+
+
+@dataclass
+class Churn:
+    """One backlog's moving parts: claims still WORKING, the next new source key."""
+
+    in_flight: collections.deque[list[Any]]
+    next_key: int
+    processed: int = 0
+
+
+def churn_step(
+    engine: sa.Engine,
+    dialect: Dialect,
+    setup: Setup,
+    state: Churn,
+    limit: int,
+    args: argparse.Namespace,
+    owner: Owner,
+) -> tuple[float, float]:
+    """One timed claim (whole transaction, claim statements), then, untimed, what the
+    rest of a deployment does meanwhile: the oldest claims still held finish (WORKING
+    -> FINISHED) and as many new source rows arrive and are discovered (-> PENDING), so
+    the backlog keeps its size while every record in it moves."""
+    start = time.perf_counter()
+    with engine.begin() as conn:
+        statements_start = time.perf_counter()
+        claims = dialect.claim(conn, setup.worker, setup.eligible(), limit, LEASE_SECONDS, owner)
+        statements = time.perf_counter() - statements_start
+    total = time.perf_counter() - start
+    if len(claims) != limit:
+        raise RuntimeError(f"claimed {len(claims)} records from backlog {setup.size}")
+    state.in_flight.append(claims)
+    with engine.begin() as conn:
+        while len(state.in_flight) > args.in_flight:
+            for claim in state.in_flight.popleft():
+                if not dialect.finish(conn, setup.worker, claim.source_id, claim.token):
+                    raise RuntimeError(f"lost the claim on {claim.source_id}")
+                state.processed += 1
+        conn.execute(
+            sa.insert(setup.source),
+            [
+                {"id": key, "enabled": True, "payload": "new"}
+                for key in range(state.next_key, state.next_key + limit)
+            ],
+        )
+    state.next_key += limit
+    with engine.begin() as conn:
+        if dialect.discover(conn, setup.worker) != limit:
+            raise RuntimeError(f"discovery missed new rows of backlog {setup.size}")
+    return total, statements
+
+
+def measure_churn(
+    engine: sa.Engine, dialect: Dialect, setups: list[Setup], args: argparse.Namespace
+) -> dict[int, dict[str, Any]]:
+    owner = Owner.current()
+    states = {s.size: Churn(collections.deque(), OPEN_BASE + s.size + 1) for s in setups}
+    out: dict[int, dict[str, Any]] = {s.size: {} for s in setups}
+    for limit in args.limits:
+        totals: dict[int, list[float]] = {s.size: [] for s in setups}
+        sql: dict[int, list[float]] = {s.size: [] for s in setups}
+        start = time.monotonic()
+        deadline = start + args.max_seconds
+        warmup_deadline = start + args.max_seconds / 10
+        warmups, taken = 0, 0
+        while taken < args.samples:
+            warm = warmups >= args.warmup
+            for setup in setups:
+                step = churn_step(engine, dialect, setup, states[setup.size], limit, args, owner)
+                if warm:
+                    totals[setup.size].append(step[0])
+                    sql[setup.size].append(step[1])
+            if not warm:
+                warmups += 1
+                if time.monotonic() > warmup_deadline:
+                    warmups = args.warmup
+            else:
+                taken += 1
+                if time.monotonic() > deadline:
+                    break
+        for setup in setups:
+            series = sql[setup.size]
+            third = max(1, len(series) // 3)
+            whole = summarize(totals[setup.size])
+            whole["truncated"] = whole["n"] < args.samples
+            out[setup.size] |= {
+                f"claim_limit_{limit}": whole,
+                f"claim_limit_{limit}_sql": summarize(series),
+                # Does a claim slow down as records pass through the table?
+                f"claim_limit_{limit}_sql_first_third_p50_ms": summarize(series[:third])["p50_ms"],
+                f"claim_limit_{limit}_sql_last_third_p50_ms": summarize(series[-third:])["p50_ms"],
+            }
+    for setup in setups:
+        state = states[setup.size]
+        with engine.connect() as conn:
+            table = setup.exec_table
+            counts: dict[str, int] = dict(
+                conn.execute(select(table.c.status, sa.func.count()).group_by(table.c.status)).all()
+            )
+        out[setup.size] |= {
+            "records_processed": state.processed,
+            "records_working_at_end": sum(len(c) for c in state.in_flight),
+            "statuses_at_end": counts,
+        }
+        if args.explain:
+            out[setup.size]["explain"] = {
+                f"limit_{limit}": explain_claim(engine, dialect, setup, limit)
+                for limit in args.limits
+            }
+    return out
+
+
+def run_churn_pass(backend: str, stats: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Backlogs of the sizes in ``args.backlogs`` (PENDING, above ``args.history``
+    FINISHED records each), side by side, claimed round-robin during churn.
+
+    ``stats``: ``none`` never collects statistics (autovacuum off for the tables);
+    ``stale`` collects them before the backlog arrives, when no work was open (they
+    then say open records are rare); ``analyzed`` after loading everything.
+    """
+    result: dict[str, Any] = {}
+    setups = [make_setup(size) for size in args.backlogs]
+    with scratch_database(backend, f"churn_{stats}") as url:
+        dialect = for_url(url)
+        engine = sa.create_engine(url, **dialect.coordinator_engine_options())
+        dialect.configure_engine(engine)
+        try:
+            result["server_version"] = server_version(engine)
+            create_schema(engine, setups, "analyzed" if stats == "analyzed" else "none")
+            load: dict[int, float] = {}
+            for setup in setups:
+                started = time.perf_counter()
+                load_rows(engine, setup, 1, args.history, Phase.FINISHED)
+                load[setup.size] = round(time.perf_counter() - started, 2)
+            if stats == "stale":
+                analyze(engine, setups)
+            for setup in setups:
+                started = time.perf_counter()
+                load_rows(engine, setup, OPEN_BASE + 1, setup.size, Phase.PENDING)
+                load[setup.size] += round(time.perf_counter() - started, 2)
+                log(
+                    f"{backend}/churn/{stats}: loaded {args.history} finished and {setup.size} "
+                    f"pending records in {load[setup.size]:.1f}s"
+                )
+            if stats == "analyzed":
+                analyze(engine, setups)
+            figures = measure_churn(engine, dialect, setups, args)
+        finally:
+            engine.dispose()
+    for size in args.backlogs:
+        figures[size]["load_seconds"] = load[size]
+        log(f"{backend}/churn/{stats}/backlog {size}: {brief_churn(figures[size], args.limits)}")
+    result["backlogs"] = {str(size): figures[size] for size in args.backlogs}
+    smallest, largest = figures[args.backlogs[0]], figures[args.backlogs[-1]]
+    keys = [f"claim_limit_{n}{suffix}" for n in args.limits for suffix in ("", "_sql")]
+    result["ratios"] = {
+        "of": f"p50(backlog {args.backlogs[-1]}) / p50(backlog {args.backlogs[0]})",
+        **{
+            f"{key}_p50": round(largest[key]["p50_ms"] / smallest[key]["p50_ms"], 3) for key in keys
+        },
+    }
+    return result
+
+
+def brief_churn(figures: dict[str, Any], limits: list[int]) -> str:
+    parts = []
+    for n in limits:
+        whole, sql = figures[f"claim_limit_{n}"], figures[f"claim_limit_{n}_sql"]
+        parts.append(
+            f"claim{n} p50={whole['p50_ms']:.2f} p95={whole['p95_ms']:.2f} "
+            f"(sql p50={sql['p50_ms']:.2f}, first/last third "
+            f"{figures[f'claim_limit_{n}_sql_first_third_p50_ms']:.2f}/"
+            f"{figures[f'claim_limit_{n}_sql_last_third_p50_ms']:.2f})"
+        )
+    parts.append(f"processed {figures['records_processed']}")
+    return ", ".join(parts)
+
+
 def brief(figures: dict[str, Any], limits: list[int]) -> str:
     parts = []
     for n in limits:
@@ -521,14 +723,37 @@ def main(argv: list[str] | None = None) -> int:
         "--max-seconds", type=float, default=60.0, help="cut a claim series short after this long"
     )
     parser.add_argument("--no-explain", dest="explain", action="store_false")
+    parser.add_argument(
+        "--churn",
+        action="store_true",
+        help="measure claims during churn against backlog size (--backlogs) instead",
+    )
+    parser.add_argument(
+        "--backlogs", type=csv, default=["1k", "100k"], help="with --churn: open records"
+    )
+    parser.add_argument(
+        "--history", type=parse_size, default=100_000, help="with --churn: FINISHED records"
+    )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=8,
+        help="with --churn: claims held WORKING before the oldest finishes",
+    )
     parser.add_argument("--target-ratio", type=float, default=1.5)
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "claim_history.json")
+    parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.output is None:
+        name = "claim_history_churn.json" if args.churn else "claim_history.json"
+        args.output = RESULTS_DIR / name
     args.sizes = sorted(parse_size(s) for s in args.sizes)
+    args.backlogs = sorted(parse_size(s) for s in args.backlogs)
     args.limits = [int(n) for n in args.limits]
     for mode in args.stats:
         if mode not in STATS_MODES:
             parser.error(f"unknown stats mode {mode!r}; choose from {', '.join(STATS_MODES)}")
+    if args.churn:
+        return main_churn(args, argv)
 
     report: dict[str, Any] = new_report("claim_history", argv) | {
         "config": {
@@ -557,6 +782,47 @@ def main(argv: list[str] | None = None) -> int:
             for limit in args.limits:
                 ratio = outcome["ratios"][f"claim_limit_{limit}_p50"]
                 verdicts[f"{backend}/{mode}/limit_{limit}"] = ratio <= args.target_ratio
+    report["verdicts"] = verdicts
+    write_report(args.output, report)
+    log(f"wrote {args.output}")
+    for key, ok in verdicts.items():
+        log(f"{key}: {'meets' if ok else 'MISSES'} the target")
+    return 0 if all(verdicts.values()) else 1
+
+
+def main_churn(args: argparse.Namespace, argv: list[str] | None) -> int:
+    report: dict[str, Any] = new_report("claim_history", argv) | {
+        "config": {
+            "mode": "churn",
+            "dialects": args.dialects,
+            "backlogs": args.backlogs,
+            "history": args.history,
+            "stats": args.stats,
+            "samples": args.samples,
+            "warmup": args.warmup,
+            "limits": args.limits,
+            "in_flight_claims": args.in_flight,
+            "max_seconds_per_series": args.max_seconds,
+            "eligible": ELIGIBLE,
+            "churn": "each timed claim (PENDING -> WORKING) is followed, untimed, by the "
+            "oldest claim beyond --in-flight finishing (WORKING -> FINISHED) and as many new "
+            "source rows arriving and being discovered (-> PENDING): the backlog keeps its "
+            "size, the table is never vacuumed (autovacuum off) and, in stats mode none, "
+            "never analyzed",
+        },
+        "target": f"claim p50 with a backlog of {args.backlogs[-1]} <= {args.target_ratio} x "
+        f"claim p50 with {args.backlogs[0]} on every dialect and stats mode",
+        "results": {},
+    }
+    verdicts: dict[str, bool] = {}
+    for backend in args.dialects:
+        report["results"][backend] = {}
+        for mode in args.stats:
+            outcome = run_churn_pass(backend, mode, args)
+            report["results"][backend][mode] = outcome
+            for limit in args.limits:
+                ratio = outcome["ratios"][f"claim_limit_{limit}_p50"]
+                verdicts[f"{backend}/churn/{mode}/limit_{limit}"] = ratio <= args.target_ratio
     report["verdicts"] = verdicts
     write_report(args.output, report)
     log(f"wrote {args.output}")

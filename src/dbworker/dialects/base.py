@@ -383,30 +383,37 @@ class Dialect:
 
     def _claim_update(self, table: Table, lease_seconds: float, owner: Owner) -> Any:
         """The UPDATE that claims the locked records ``ids``."""
-        now = self.now()
         return (
             update(table)
             .where(table.c.source_id.in_(bindparam("ids", expanding=True)))
-            # MySQL evaluates SET left to right with already-updated values, so
-            # ``crashes`` must read ``status`` before ``status`` is overwritten.
-            .ordered_values(
-                (
-                    table.c.crashes,
-                    # A takeover means the previous holder vanished: count it as
-                    # a crash, so a handler that kills its coordinator is bounded.
-                    table.c.crashes + case((table.c.status == _lit(Phase.WORKING), 1), else_=0),
-                ),
-                (table.c.status, Phase.WORKING.value),
-                (table.c.token, table.c.token + 1),
-                (table.c.lease_expires_at, now + lease_seconds),
-                (table.c.not_before, None),
-                (table.c.attempts, table.c.attempts + 1),
-                (table.c.claimed_at, now),
-                (table.c.updated_at, now),
-                (table.c.owner_host, owner.host),
-                (table.c.owner_pid, owner.pid),
-            )
+            .ordered_values(*self._claim_values(table, lease_seconds, owner))
         )
+
+    def _claim_values(
+        self, table: Table, lease_seconds: float, owner: Owner
+    ) -> list[tuple[ColumnElement[Any], Any]]:
+        """What a claim sets, in order: every claim UPDATE (by ids, or a dialect's one
+        statement over its own search) sets exactly these."""
+        now = self.now()
+        # MySQL evaluates SET left to right with already-updated values, so
+        # ``crashes`` must read ``status`` before ``status`` is overwritten.
+        return [
+            (
+                table.c.crashes,
+                # A takeover means the previous holder vanished: count it as
+                # a crash, so a handler that kills its coordinator is bounded.
+                table.c.crashes + case((table.c.status == _lit(Phase.WORKING), 1), else_=0),
+            ),
+            (table.c.status, Phase.WORKING.value),
+            (table.c.token, table.c.token + 1),
+            (table.c.lease_expires_at, now + lease_seconds),
+            (table.c.not_before, None),
+            (table.c.attempts, table.c.attempts + 1),
+            (table.c.claimed_at, now),
+            (table.c.updated_at, now),
+            (table.c.owner_host, owner.host),
+            (table.c.owner_pid, owner.pid),
+        ]
 
     # -- fenced transitions ----------------------------------------------------------
 

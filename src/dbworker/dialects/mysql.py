@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
     Double,
+    Integer,
     Select,
     Table,
+    bindparam,
     func,
     literal_column,
     select,
@@ -18,6 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.elements import BindParameter
 
 from ..core.status import Phase
 from .base import Claim, Dialect, WorkerTable, claim_columns
@@ -26,6 +30,7 @@ from .open_first import (
     in_direction,
     key_direction,
     pin_open_records,
+    reuse,
     status_index,
 )
 
@@ -67,8 +72,14 @@ class MySQLDialect(Dialect):
         return statement.on_duplicate_key_update(source_id=statement.inserted.source_id)
 
     def candidates(
-        self, worker: WorkerTable, eligible: Select[Any], limit: int, now: ColumnElement[float]
+        self,
+        worker: WorkerTable,
+        eligible: Select[Any],
+        limit: int | BindParameter[int],
+        now: ColumnElement[float],
     ) -> Select[Any]:
+        # ``limit`` may be a bound parameter: the claim builds its search once per
+        # eligible-query shape and binds each round's window.
         table = worker.table
         query = eligible.with_only_columns(*claim_columns(table), maintain_column_froms=True)
         # MySQL and MariaDB walk the history in ORDER BY order as soon as open work
@@ -115,7 +126,10 @@ class MySQLDialect(Dialect):
             # Each round reads past the rows earlier rounds saw (they are skipped
             # here rather than excluded in SQL, so ``candidates`` stays one query).
             window = len(seen) + 2 * wanted + 8
-            searched = conn.execute(self.candidates(worker, eligible, window, self.now())).all()
+            search, params = reuse(
+                self, ("search", table), eligible, window, self._search(worker, eligible, window)
+            )
+            searched = conn.execute(search, params).all()
             found = [row[0] for row in searched if row[0] not in seen]
             if not found:
                 break
@@ -126,24 +140,41 @@ class MySQLDialect(Dialect):
             while position < len(found) and len(claims) < limit:
                 chunk = found[position : position + limit - len(claims)]
                 position += len(chunk)
-                lock = (
-                    select(*claim_columns(table))
-                    .where(table.c.source_id.in_(chunk), self.claimable(table, self.now()))
-                    .with_for_update(skip_locked=True)
-                )
-                # Through the primary key only: MariaDB 10.11 picked the open-records
-                # index here, and a SKIP LOCKED read through a secondary index left a
-                # lock on a row it skipped, granted once its holder committed, so
-                # that holder's next finish waited for this claim's transaction.
-                for backend in self.backend_names:
-                    lock = lock.with_hint(table, "FORCE INDEX (PRIMARY)", dialect_name=backend)
-                rows: list[Any] = list(conn.execute(lock).all())
+                lock = self._built_once(("lock", table), lambda: self._lock(table))
+                rows: list[Any] = list(conn.execute(lock, {"ids": chunk}).all())
                 locked = {row[0]: Claim(*row) for row in rows}
                 claims.extend(locked[i] for i in chunk if i in locked)
             if len(claims) >= limit or len(searched) < window:
                 break
             seen.update(found)
         return claims
+
+    def _search(
+        self, worker: WorkerTable, eligible: Select[Any], window: int
+    ) -> Callable[[], tuple[Select[Any], str]]:
+        def build() -> tuple[Select[Any], str]:
+            limit = bindparam("dbworker_window", window, type_=Integer())
+            return self.candidates(worker, eligible, limit, self.now()), limit.key
+
+        return build
+
+    def _lock(self, table: Table) -> Select[Any]:
+        """Lock the records ``ids`` that are still claimable, skipping locked ones."""
+        lock = (
+            select(*claim_columns(table))
+            .where(
+                table.c.source_id.in_(bindparam("ids", expanding=True)),
+                self.claimable(table, self.now()),
+            )
+            .with_for_update(skip_locked=True)
+        )
+        # Through the primary key only: MariaDB 10.11 picked the open-records
+        # index here, and a SKIP LOCKED read through a secondary index left a
+        # lock on a row it skipped, granted once its holder committed, so
+        # that holder's next finish waited for this claim's transaction.
+        for backend in self.backend_names:
+            lock = lock.with_hint(table, "FORCE INDEX (PRIMARY)", dialect_name=backend)
+        return lock
 
     def is_transient(self, error: BaseException) -> bool:
         orig = getattr(error, "orig", None)

@@ -17,6 +17,7 @@ a handful of index entries even in a backlog of millions.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
@@ -25,10 +26,12 @@ from sqlalchemy import ColumnElement, Select, Table, asc, desc, nulls_first, nul
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.elements import UnaryExpression
-from sqlalchemy.sql.selectable import FromClause, Join
+from sqlalchemy.sql.elements import BindParameter, BooleanClauseList, UnaryExpression
+from sqlalchemy.sql.selectable import Alias, FromClause, Join
+from sqlalchemy.sql.visitors import InternalTraversal
 
-from .base import WorkerTable
+from ..core.status import OPEN, Phase
+from .base import Claim, Dialect, WorkerTable, _in
 
 _MODIFIERS: dict[Any, Callable[[ColumnElement[Any]], ColumnElement[Any]]] = {
     operators.asc_op: asc,
@@ -56,6 +59,26 @@ class CrossJoin(_PinnedJoin):
     keyword = "CROSS JOIN"
 
 
+class IndexedCrossJoin(CrossJoin):
+    """A CROSS JOIN whose left table SQLite reads through the index ``index`` (INDEXED
+    BY: if the query cannot use that index, SQLite raises an error rather than choose
+    another plan)."""
+
+    inherit_cache = True
+    # The index is part of the SQL, so it is part of the cache key. (Not a ClassVar:
+    # SQLAlchemy declares the attribute without one, and mypy rejects the change.)
+    _traverse_internals = [  # noqa: RUF012
+        *Join._traverse_internals,
+        ("index", InternalTraversal.dp_string),
+    ]
+
+    def __init__(
+        self, left: FromClause, right: FromClause, onclause: ColumnElement[bool], index: str
+    ) -> None:
+        super().__init__(left, right, onclause)
+        self.index = index
+
+
 class StraightJoin(_PinnedJoin):
     """MySQL's STRAIGHT_JOIN reads the left table before the right one."""
 
@@ -72,6 +95,7 @@ def _originals(elements: Iterable[FromClause]) -> Iterator[FromClause]:
 
 
 @compiles(CrossJoin)
+@compiles(IndexedCrossJoin)
 @compiles(StraightJoin)
 def _compile_pinned(
     join: _PinnedJoin,
@@ -88,6 +112,8 @@ def _compile_pinned(
             )
         )
     left = join.left._compiler_dispatch(compiler, asfrom=True, from_linter=from_linter, **kw)
+    if isinstance(join, IndexedCrossJoin):
+        left += f" INDEXED BY {compiler.preparer.quote(join.index)}"
     right = join.right._compiler_dispatch(compiler, asfrom=True, from_linter=from_linter, **kw)
     assert join.onclause is not None, "pinned joins are always built with an ON clause"
     on = join.onclause._compiler_dispatch(compiler, from_linter=from_linter, **kw)
@@ -95,12 +121,16 @@ def _compile_pinned(
 
 
 def pin_open_records(
-    query: Select[Any], worker: WorkerTable, join: type[_PinnedJoin]
+    query: Select[Any], worker: WorkerTable, join: type[_PinnedJoin], index: str | None = None
 ) -> Select[Any]:
     """``query`` (the eligible query, with the execution table's columns) with the
-    execution table joined in front of the source table by ``join``."""
+    execution table joined in front of the source table by ``join`` (a CROSS JOIN may
+    name the ``index`` the execution table is read through)."""
     pk = worker.source_pk
     on = worker.table.c.source_id == pk
+    if index is not None:
+        assert join is CrossJoin, "only SQLite's CROSS JOIN names an index"
+        return query.select_from(IndexedCrossJoin(worker.table, pk.table, on, index))
     return query.select_from(join(worker.table, pk.table, on))
 
 
@@ -171,3 +201,97 @@ def status_index(table: Table) -> str:
         if [c.name for c in index.columns] == ["status", "source_id"] and index.name:
             return str(index.name)
     raise LookupError(f"{table.name} has no (status, source_id) index")
+
+
+def order_terms(query: Select[Any]) -> list[tuple[ColumnElement[Any], list[Any]]] | None:
+    """``query``'s ORDER BY as (expression, modifiers) pairs (none without an ORDER BY);
+    None when a term is one this module does not rewrite. A one-statement claim carries
+    the expressions out of its search as columns, to return its rows in claim order."""
+    terms = [split_order(term) for term in query._order_by_clauses]
+    checked = [term for term in terms if term is not None]
+    return checked if len(checked) == len(terms) else None
+
+
+def claimed(rows: Iterable[Any]) -> list[Claim]:
+    """Claims from rows of (source_id, token, attempts, failures, crashes) as a claim
+    UPDATE stored them: the new token and counters, the status it set."""
+    working = Phase.WORKING.value
+    return [
+        Claim(source_id, token, attempts, failures, crashes, working)
+        for source_id, token, attempts, failures, crashes in rows
+    ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reusable:
+    statement: Any
+    #: The key of the statement's LIMIT parameter.
+    limit_key: str
+    #: The parameters of the eligible query the statement was built from, in the order
+    #: SQLAlchemy's cache key lists them.
+    binds: tuple[BindParameter[Any], ...]
+
+
+def reuse(
+    dialect: Dialect,
+    key: tuple[Any, ...],
+    eligible: Select[Any],
+    limit: int,
+    build: Callable[[], tuple[Any, str]],
+) -> tuple[Any, dict[str, Any]]:
+    """A claim statement for ``eligible`` and the parameters to run it with.
+
+    Building a claim statement costs far more than running it, and every eligible
+    query a worker returns has the same shape, so the statement is built once per
+    shape (SQLAlchemy's cache key) and run with this call's values: the eligible
+    query's parameters, which line up with those of the query it was built from as
+    they do in SQLAlchemy's own statement cache, and the limit. ``build()`` returns
+    the statement and the key of its LIMIT parameter.
+    """
+    cache_key = eligible._generate_cache_key()
+    if cache_key is None or dialect.clock is not None:
+        # An element SQLAlchemy cannot cache, or a test clock's literal "now".
+        return build()[0], {}
+
+    def make() -> _Reusable:
+        statement, limit_key = build()
+        return _Reusable(statement, limit_key, tuple(cache_key.bindparams))
+
+    built: _Reusable = dialect._built_once((*key, cache_key.key), make)
+    # Same shape, so the same parameters in the same order (strict: a mismatch is a bug).
+    pairs = zip(built.binds, cache_key.bindparams, strict=True)
+    params = {old.key: new.effective_value for old, new in pairs}
+    params[built.limit_key] = limit
+    return built.statement, params
+
+
+def limit_key(query: Select[Any]) -> str:
+    """The key of ``query``'s LIMIT parameter (an integer limit is bound, not rendered)."""
+    clause = query._limit_clause
+    if not isinstance(clause, BindParameter):
+        raise TypeError(f"expected a bound LIMIT, got {clause!r}")
+    return str(clause.key)
+
+
+def open_index(table: FromClause) -> str:
+    """The name of the execution table's (or an alias's) open-records index: source_id,
+    partial."""
+    while isinstance(table, Alias):
+        table = table.element
+    assert isinstance(table, Table), table
+    for index in table.indexes:
+        if [c.name for c in index.columns] == ["source_id"] and index.name:
+            return str(index.name)
+    raise LookupError(f"{table.name} has no open-records index")
+
+
+def implies_open(condition: ColumnElement[bool], table: FromClause) -> bool:
+    """Whether ``condition`` has the open-records indexes' predicate (status IN the open
+    phases) as one of its top-level AND terms: SQLite matches a partial index's
+    predicate term by term, and uses (or may be told to use) the index only then."""
+    terms: Iterable[Any] = [condition]
+    if isinstance(condition, BooleanClauseList) and condition.operator is operators.and_:
+        terms = condition.clauses
+    # As Dialect.claimable spells it, and the schema's partial indexes too.
+    predicate = _in(table.c.status, OPEN)
+    return any(term.compare(predicate) for term in terms)

@@ -1,8 +1,10 @@
-"""PostgreSQL: row locks with SKIP LOCKED in the claiming query itself."""
+"""PostgreSQL: one statement claims (SKIP LOCKED search, UPDATE, RETURNING), planned with
+the planner's statistics-dependent choices switched off for that statement only."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
@@ -15,17 +17,67 @@ from sqlalchemy import (
     func,
     literal_column,
     select,
+    text,
     true,
+    update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
-from .base import Claim, Dialect, WorkerTable, claim_columns
-from .open_first import apply_modifiers, in_direction, key_direction, plain_shape, split_order
+from .base import Claim, Dialect, Owner, WorkerTable, claim_columns
+from .open_first import (
+    apply_modifiers,
+    claimed,
+    in_direction,
+    key_direction,
+    limit_key,
+    order_terms,
+    plain_shape,
+    reuse,
+    split_order,
+)
 
 # SQLSTATEs worth retrying: serialization failure, deadlock, lock not available,
 # admin shutdown / crash shutdown / cannot connect now (a restarting server).
 _TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "57P02", "57P03"})
+
+T = TypeVar("T")
+
+#: The plan choices a claim must never be offered. Without statistics (a table nobody
+#: analyzed: autovacuum off, or created a moment ago), or with statistics taken when no
+#: work was open, PostgreSQL estimates one open record, and then a bitmap scan of every
+#: open record followed by a sort costs the same as the ordered walk of the open-records
+#: index that stops at the claim's limit; it has chosen the former with a backlog of
+#: 20,000 (165 ms a claim instead of 0.05), and for a bare "smallest open key" lookup it
+#: has chosen a scan of every open entry of the status index plus a sort. No shape of the
+#: query rules those plans out (PostgreSQL has no hints), so the claim is planned with
+#: them priced out: with sorts, bitmap scans and sequential scans disabled, the ordered
+#: walk of the open-records index is the only plan left without a penalty. (The
+#: primary key offers the same order, but costs more in every estimate: it holds every
+#: record and cannot drop the open-status test the partial index implies.) The penalties
+#: lift the plan's estimated cost far above jit_above_cost, and compiling the claim with
+#: JIT took 200 ms: JIT is off for the claim too.
+PLAN_SETTINGS: tuple[str, ...] = ("enable_seqscan", "enable_bitmapscan", "enable_sort", "jit")
+
+# Reads the current values (the subquery is evaluated first: OFFSET 0 keeps it from
+# being merged into the outer select list) and switches the choices off until the end
+# of the transaction; the claim restores them as it runs, so they apply to no other
+# statement. A setting is read when a statement is planned, before it executes.
+_GUARD = text(
+    "SELECT {old}, {off} FROM (SELECT {read} OFFSET 0) AS dbworker_plan".format(
+        old=", ".join(f"dbworker_plan.{name}" for name in PLAN_SETTINGS),
+        off=", ".join(f"set_config('{name}', 'off', true)" for name in PLAN_SETTINGS),
+        read=", ".join(f"current_setting('{name}') AS {name}" for name in PLAN_SETTINGS),
+    )
+)
+# Restores what _GUARD read: an uncorrelated condition, which PostgreSQL evaluates once,
+# as a one-time filter, when the statement starts executing (planning is over by then).
+_RESTORE = text(
+    "(SELECT {}) IS NOT NULL".format(
+        " || ".join(f"set_config('{name}', :dbworker_{name}, true)" for name in PLAN_SETTINGS)
+    )
+)
+_RESTORE_ALONE = text("SELECT " + _RESTORE.text)
 
 
 class PostgreSQLDialect(Dialect):
@@ -49,6 +101,8 @@ class PostgreSQLDialect(Dialect):
     def insert_ignore(self, table: Table) -> Insert:
         return pg_insert(table).on_conflict_do_nothing(index_elements=["source_id"])
 
+    # -- claiming ------------------------------------------------------------------------
+
     def candidates(
         self, worker: WorkerTable, eligible: Select[Any], limit: int, now: ColumnElement[float]
     ) -> Select[Any]:
@@ -56,6 +110,9 @@ class PostgreSQLDialect(Dialect):
         # or merge-joins the whole history in ORDER BY order. A LATERAL subquery with
         # OFFSET 0 cannot be flattened, so the open records are read first and each is
         # looked up in the eligible query; its ORDER BY expressions come back as columns.
+        # In key order the search is the open-records index read in order, stopping at
+        # the limit (planned under PLAN_SETTINGS, nothing else is on offer); other orders
+        # read every claimable record and sort them: only key order has a bounded search.
         terms = [split_order(term) for term in eligible._order_by_clauses]
         checked = [term for term in terms if term is not None]
         if not plain_shape(eligible) or len(checked) < len(terms):
@@ -99,7 +156,104 @@ class PostgreSQLDialect(Dialect):
         query = self.candidates(worker, eligible, limit, self.now()).with_for_update(
             of=worker.table, skip_locked=True
         )
-        return [Claim(*row) for row in conn.execute(query).all()]
+        return self._guarded(conn, lambda: [Claim(*row) for row in conn.execute(query).all()])
+
+    def claim(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        eligible: Select[Any],
+        limit: int,
+        lease_seconds: float,
+        owner: Owner,
+    ) -> list[Claim]:
+        if limit < 1:
+            return []
+        if type(self).lock_candidates is not PostgreSQLDialect.lock_candidates:
+            # A subclass that locks its own way keeps the two-statement claim built on it.
+            return super().claim(conn, worker, eligible, limit, lease_seconds, owner)
+        if order_terms(eligible) is None:
+            # An ORDER BY term the statement cannot carry out of its search (textual,
+            # a label): lock, then update, in two statements.
+            return super().claim(conn, worker, eligible, limit, lease_seconds, owner)
+        statement, params = reuse(
+            self,
+            ("claim", worker.table, lease_seconds, owner),
+            eligible,
+            limit,
+            lambda: self._claim_statement(worker, eligible, limit, lease_seconds, owner),
+        )
+        params.update(self._guard(conn))
+        return claimed(conn.execute(statement, params).all())
+
+    def _claim_statement(
+        self,
+        worker: WorkerTable,
+        eligible: Select[Any],
+        limit: int,
+        lease_seconds: float,
+        owner: Owner,
+    ) -> tuple[Any, str]:
+        """One statement that locks, claims and returns up to ``limit`` records in claim
+        order, and the key of its LIMIT parameter.
+
+        The search (``candidates``, with FOR UPDATE OF the execution table SKIP LOCKED
+        inside its ordered scan, so its LIMIT counts only rows this claim locked) is a
+        MATERIALIZED CTE, run once; the UPDATE joins it by key and RETURNING gives what
+        it stored. RETURNING has no order, so the outer SELECT sorts the claimed rows
+        by the search's ORDER BY expressions, which the CTE carries as columns.
+        """
+        table = worker.table
+        search = self.candidates(worker, eligible, limit, self.now())
+        terms = order_terms(search)
+        if terms is None:
+            raise TypeError(
+                f"{type(self).__name__}.candidates() ordered by a term a one-statement claim "
+                "cannot carry; override claim() as well"
+            )
+        locked = (
+            search.add_columns(
+                *[element.label(f"dbworker_order_{i}") for i, (element, _) in enumerate(terms)]
+            )
+            .with_for_update(of=table, skip_locked=True)
+            .cte("dbworker_locked")
+            .prefix_with("MATERIALIZED")
+        )
+        c = table.c
+        claim = (
+            update(table)
+            .where(c.source_id == locked.c.source_id)
+            .ordered_values(*self._claim_values(table, lease_seconds, owner))
+            .returning(c.source_id, c.token, c.attempts, c.failures, c.crashes)
+            .cte("dbworker_claimed")
+        )
+        statement = (
+            select(claim.c.source_id, claim.c.token, claim.c.attempts, claim.c.failures)
+            .add_columns(claim.c.crashes)
+            .select_from(claim.join(locked, locked.c.source_id == claim.c.source_id))
+            .where(_RESTORE)
+            .order_by(
+                *[
+                    apply_modifiers(locked.c[f"dbworker_order_{i}"], modifiers)
+                    for i, (_, modifiers) in enumerate(terms)
+                ]
+            )
+        )
+        return statement, limit_key(search)
+
+    def _guard(self, conn: Connection) -> dict[str, str]:
+        """Switch PLAN_SETTINGS off for the next statement, which restores them from the
+        parameters returned here."""
+        row = conn.execute(_GUARD).one()
+        return {f"dbworker_{name}": row[i] for i, name in enumerate(PLAN_SETTINGS)}
+
+    def _guarded(self, conn: Connection, run: Callable[[], T]) -> T:
+        """``run()``'s statements planned under PLAN_SETTINGS, restored afterwards (after
+        an error the transaction is lost, and with it the transaction-local settings)."""
+        old = self._guard(conn)
+        result = run()
+        conn.execute(_RESTORE_ALONE, old)
+        return result
 
     def is_transient(self, error: BaseException) -> bool:
         sqlstate = getattr(getattr(error, "orig", None), "sqlstate", None)

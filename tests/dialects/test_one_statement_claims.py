@@ -1,0 +1,171 @@
+"""Claims on the database's clock: one statement where the database allows it, built once
+per eligible-query shape, returning what it stored, in claim order.
+
+The conformance checks run on a fake clock, which turns statement reuse off; here the
+production path runs: PostgreSQL claims with one statement (after the one that prices
+statistics-dependent plans out, and which the claim itself undoes), SQLite in key order
+with one UPDATE ... RETURNING, MySQL with its search, lock and UPDATE.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, event, select
+
+from dbworker.dialects import Claim, for_url
+from dbworker.dialects.postgresql import PLAN_SETTINGS
+
+from .models import ITEMS, Item
+from .support import LEASE, OWNER, Harness, ids
+
+#: What the database stores for a claim, as the claim must report it.
+FIELDS = ("token", "attempts", "failures", "crashes", "status")
+
+
+@contextmanager
+def _statements(conn: Connection) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(" ".join(statement.split()))
+
+    event.listen(conn.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(conn.engine, "before_cursor_execute", record)
+
+
+def _db_clock(url: str) -> Harness:
+    return Harness(lambda _clock: for_url(url), url)
+
+
+def _claim(h: Harness, eligible: Any, limit: int, lease: float = LEASE) -> list[Claim]:
+    with h.admin.begin():
+        return h.dialect.claim(h.admin, h.items, eligible, limit, lease, OWNER)
+
+
+def _assert_stored(h: Harness, claims: list[Claim]) -> None:
+    records = h.records(h.items)
+    for claim in claims:
+        stored = tuple(records[claim.source_id][name] for name in FIELDS)
+        assert (claim.token, claim.attempts, claim.failures, claim.crashes, claim.status) == (
+            stored
+        ), f"{claim} does not report the record as stored: {stored}"
+
+
+def test_statements_per_claim(database_url: str) -> None:
+    with _db_clock(database_url) as h:
+        h.seed()
+        h.discover(h.items)
+        by_key = select(Item).order_by(Item.id)
+        with _statements(h.admin) as seen:
+            claims = _claim(h, by_key, 3)
+        assert ids(claims) == [1, 2, 3]
+        _assert_stored(h, claims)
+        sql = [s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT", "ROLLBACK"))]
+        backend = h.admin.dialect.name
+        if backend == "postgresql":
+            assert len(sql) == 2, sql
+            assert "set_config" in sql[0] and "FOR UPDATE" not in sql[0], sql[0]
+            assert sql[1].startswith("WITH dbworker_locked AS MATERIALIZED"), sql[1]
+            assert "FOR UPDATE OF" in sql[1] and "SKIP LOCKED" in sql[1], sql[1]
+        elif backend == "sqlite":
+            assert len(sql) == 1, sql
+            assert sql[0].startswith("UPDATE") and "RETURNING" in sql[0], sql[0]
+        else:
+            # No UPDATE ... RETURNING: search, lock by key (SKIP LOCKED), UPDATE.
+            assert [s.split()[0] for s in sql] == ["SELECT", "SELECT", "UPDATE"], sql
+
+
+def test_reused_statements_bind_each_claims_values(database_url: str) -> None:
+    """One statement serves every eligible query of one shape: each claim must use its
+    own parameters and limit, never those of the claim that built the statement."""
+    with _db_clock(database_url) as h:
+        h.seed()
+        h.discover(h.items)
+
+        def above(priority: int) -> Any:
+            return select(Item).where(Item.priority > priority).order_by(Item.id)
+
+        def expected(priority: int, taken: set[int], limit: int) -> list[int]:
+            rows = [r.id for r in sorted(ITEMS, key=lambda r: r.id) if r.priority > priority]
+            return [i for i in rows if i not in taken][:limit]
+
+        taken: set[int] = set()
+        for priority, limit in ((60, 1), (60, 2), (10, 3), (85, 5), (0, 100)):
+            want = expected(priority, taken, limit)
+            got = _claim(h, above(priority), limit)
+            assert ids(got) == want, f"priority > {priority}, limit {limit}: {ids(got)} != {want}"
+            _assert_stored(h, got)
+            taken.update(ids(got))
+        assert taken == {r.id for r in ITEMS}
+
+
+def test_claim_order_key_descending_and_other_orders(database_url: str) -> None:
+    with _db_clock(database_url) as h:
+        h.seed()
+        h.discover(h.items)
+        descending = _claim(h, select(Item).order_by(Item.id.desc()), 3)
+        assert ids(descending) == [12, 11, 10]
+        by_priority = _claim(h, select(Item).order_by(Item.priority.desc(), Item.id), 4)
+        left = sorted((r for r in ITEMS if r.id < 10), key=lambda r: -r.priority)
+        assert ids(by_priority) == [r.id for r in left[:4]]
+        _assert_stored(h, descending + by_priority)
+
+
+def test_takeover_reports_the_stored_counters(database_url: str) -> None:
+    """A takeover on the database's clock: new token, one more attempt, the vanished
+    holder counted as a crash, as the claim's UPDATE stored them."""
+    with _db_clock(database_url) as h:
+        h.seed()
+        h.discover(h.items)
+        only_one = select(Item).where(Item.id == 5).order_by(Item.id)
+        first = _claim(h, only_one, 1, lease=0.05)
+        time.sleep(0.3)
+        second = _claim(h, only_one, 1)
+        assert ids(first) == ids(second) == [5]
+        (taken,) = second
+        assert (taken.token, taken.attempts, taken.crashes) == (first[0].token + 1, 2, 1)
+        _assert_stored(h, second)
+
+
+@pytest.mark.backends("postgresql")
+def test_plan_settings_apply_to_the_claim_statement_only(database_url: str) -> None:
+    with _db_clock(database_url) as h:
+        h.seed()
+        h.discover(h.items)
+        conn = h.admin
+        names = ", ".join(f"current_setting('{name}')" for name in PLAN_SETTINGS)
+        # The caller's own settings, session-wide and transaction-local, survive a claim
+        # that claims rows and one that finds none.
+        conn.exec_driver_sql("SET jit = off")
+        conn.commit()
+        with conn.begin():
+            conn.exec_driver_sql("SET LOCAL enable_sort = off")
+            before = conn.exec_driver_sql(f"SELECT {names}").one()
+            for eligible in (select(Item).order_by(Item.id), select(Item).where(Item.id < 0)):
+                for _ in range(7):  # past psycopg's prepare threshold
+                    h.dialect.claim(conn, h.items, eligible, 1, LEASE, OWNER)
+                    assert conn.exec_driver_sql(f"SELECT {names}").one() == before
+        assert tuple(before) == ("on", "on", "off", "off")
+
+
+@pytest.mark.backends("sqlite")
+def test_sqlite_without_returning_claims_in_two_statements(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _db_clock(database_url) as h:
+        h.seed()
+        h.discover(h.items)
+        monkeypatch.setattr(h.admin.dialect, "update_returning", False)
+        with _statements(h.admin) as seen:
+            claims = _claim(h, select(Item).order_by(Item.id), 2)
+        assert ids(claims) == [1, 2]
+        _assert_stored(h, claims)
+        assert not any("RETURNING" in statement for statement in seen), seen
