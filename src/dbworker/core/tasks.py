@@ -70,6 +70,28 @@ class Result:
     duration: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A plain tuple of the fields: a result crosses a pipe for every invocation,
+        # and a dataclass's default pickling costs several times as much.
+        return (
+            _result,
+            (
+                self.task_key,
+                self.kind.value,
+                self.error,
+                self.error_type,
+                self.traceback,
+                self.retry_delay,
+                self.exitcode,
+                self.duration,
+                self.extra,
+            ),
+        )
+
+
+def _result(task_key: TaskKey, kind: str, *rest: Any) -> Result:
+    return Result(task_key, ResultKind(kind), *rest)
+
 
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:

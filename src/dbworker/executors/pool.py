@@ -13,6 +13,7 @@ import collections
 import contextlib
 import logging
 import multiprocessing
+import select
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,9 +79,30 @@ class _Child:
     #: Set when it died before it was ready: when to start its replacement.
     respawn_at: float | None = None
 
+    #: Readiness of its pipe, checked without building a selector each time (a
+    #: pipe's ``poll()`` does), which is a large share of a short task's cost here.
+    pipe: select.poll = field(default_factory=select.poll)
+
+    def __post_init__(self) -> None:
+        self.pipe.register(self.conn.fileno(), select.POLLIN)
+
     @property
     def usable(self) -> bool:
         return self.ready and self.respawn_at is None
+
+    def readable(self) -> bool:
+        return bool(self.pipe.poll(0))
+
+    def alive(self) -> bool:
+        """Whether the process runs (its sentinel, when it has one, says so cheaply)."""
+        sentinel = self.process.sentinel
+        if isinstance(sentinel, int):
+            try:
+                if not select.select([sentinel], [], [], 0)[0]:
+                    return True
+            except (OSError, ValueError):
+                pass
+        return bool(self.process.is_alive())
 
 
 class ProcessPool(Executor):
@@ -251,12 +273,12 @@ class ProcessPool(Executor):
             self._check_ready(child)
             return
         if not child.tasks:
-            if not child.process.is_alive():
+            if not child.alive():
                 self._replace(index)
             return
         while child.tasks:
             message = self._receive(child)
-            alive = message is not None or child.process.is_alive()
+            alive = message is not None or child.alive()
             if not alive:
                 # A result sent just before the process exited is in the pipe by the
                 # time its death shows: look once more before calling it a crash.
@@ -351,7 +373,7 @@ class ProcessPool(Executor):
     @staticmethod
     def _receive(child: _Child) -> Any:
         try:
-            if child.conn.poll():
+            if child.readable():
                 return child.conn.recv()
         except (EOFError, OSError):
             pass
