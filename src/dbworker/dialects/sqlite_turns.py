@@ -47,10 +47,13 @@ def take_turns(engine: Engine, database: str, timeout: float) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(connection: Any) -> None:
-        _take(connection.connection.info, timeout)
+        if not connection.invalidated:
+            _take(connection.connection.info, timeout)
 
     @event.listens_for(engine, "commit")
     def _commit(connection: Any) -> None:
+        if connection.invalidated:
+            return  # its connection is gone, and its turn with it (see _invalidate)
         # This event comes before the commit: commit here, so the turn is given back
         # after it (SQLAlchemy's own commit that follows finds nothing to commit). A
         # failure is left to that commit, which reports it; the turn stays until the
@@ -64,6 +67,8 @@ def take_turns(engine: Engine, database: str, timeout: float) -> None:
 
     @event.listens_for(engine, "rollback")
     def _rollback(connection: Any) -> None:
+        if connection.invalidated:
+            return
         info = connection.connection.info
         with contextlib.suppress(Exception):
             connection.connection.dbapi_connection.rollback()

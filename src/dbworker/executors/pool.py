@@ -71,6 +71,8 @@ class _Child:
     #: When the first of ``tasks`` started (as far as the coordinator can tell: when
     #: it was sent, or when the result before it arrived).
     started: float = 0.0
+    #: When it last reported a result (or skipped withdrawn tasks).
+    last_done: float = float("-inf")
     completed: int = 0
     #: Whether it said READY. Only a ready child gets work: a claim made for a child
     #: still starting (seconds, for a new interpreter) would spend its lease, and its
@@ -183,19 +185,25 @@ class ProcessPool(Executor):
         waiting = int(PREFETCH_HORIZON_SECONDS / max(typical, 1e-6))
         return 1 + max(0, min(self.prefetch, waiting))
 
-    def _fresh(self, child: _Child, now: float) -> bool:
-        """Whether tasks may wait for ``child``: it is idle, or its task started so recently
-        that it should end soon (one running long would keep them waiting)."""
-        return not child.tasks or now - child.started < PREFETCH_HORIZON_SECONDS
+    def _streaming(self, child: _Child, now: float) -> bool:
+        """Whether ``child`` is working through short tasks one after another (it ended
+        one a moment ago): only then may more tasks wait for it. One that has run its
+        task for longer, or sat idle, gets one task at a time, so nothing is claimed
+        ahead of a handler that may run long (nor in the first claim after a pause)."""
+        return now - child.last_done < PREFETCH_HORIZON_SECONDS
+
+    def _room(self, child: _Child, depth: int, now: float) -> int:
+        """How many more tasks ``child`` may have."""
+        if not child.usable:
+            return 0
+        if depth > 1 and self._streaming(child, now):
+            return max(0, depth - len(child.tasks))
+        return 0 if child.tasks else 1
 
     def free_slots(self) -> int:
         depth = self._depth()
         now = time.monotonic()
-        room = sum(
-            max(0, depth - len(c.tasks))
-            for c in self._children
-            if c.usable and (depth == 1 or self._fresh(c, now))
-        )
+        room = sum(self._room(c, depth, now) for c in self._children)
         held = len(self._waiting) + sum(len(c.tasks) for c in self._children)
         free = max(0, min(room - len(self._waiting), self.slots * depth - held))
         if depth == 1 or free >= (self.slots * depth) // 2:
@@ -213,8 +221,8 @@ class ProcessPool(Executor):
     def _takes_more(self, child: _Child, now: float) -> bool:
         if not child.usable or len(child.tasks) >= min(PIPE_DEPTH, self._depth()):
             return False
-        if not self._fresh(child, now):
-            return False  # running long: the task goes to whichever process frees first
+        if child.tasks and not self._streaming(child, now):
+            return False  # it may run long: the task goes to whichever process frees first
         limit = self.max_tasks_per_child
         return limit is None or child.completed + len(child.tasks) < limit
 
@@ -299,7 +307,7 @@ class ProcessPool(Executor):
             for key in skipped:  # withdrawn before they started: no result for them
                 self._cancelled.discard(key)
                 child.tasks = collections.deque(t for t in child.tasks if t.key != key)
-            child.started = time.monotonic()  # the next one, if any, starts now
+            child.started = child.last_done = time.monotonic()  # the next one starts now
             if child.tasks and child.tasks[0].key in self._cancelled:
                 # Withdrawn too late to be skipped: it is starting. Stop the process
                 # before that handler gets far; the tasks after it go to the others.

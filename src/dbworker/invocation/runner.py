@@ -121,7 +121,6 @@ class ProcessRunner:
         if lane is None:
             runtime.dispose()
             return 0
-        runtime.release_connection()
         # Leave the connection open for the template to lend again, its session as
         # new; if that fails, the exit status tells the template to close it.
         with runtime.engine.connect() as db:

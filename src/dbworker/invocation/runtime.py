@@ -8,12 +8,11 @@ token stale at completion and everything it wrote rolls back.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Integer, bindparam, create_engine, inspect, select
+from sqlalchemy import Engine, Integer, bindparam, create_engine, inspect, select
 from sqlalchemy.orm import Session
 
 from ..core.errors import HandlerContractError
@@ -22,7 +21,6 @@ from ..core.policy import Ending, decide
 from ..core.tasks import Result, ResultKind, Task, describe
 from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.base import NEVER_ISSUED_TOKEN
-from ..dialects.liveness import IDLE_SECONDS
 from ..schema import detached_table
 from .session import HandlerSession
 
@@ -52,9 +50,6 @@ class Runtime:
         #: What ``rehearse`` ran with, per worker, to run again in a fresh process.
         self.rehearsals: dict[str, tuple[type[Any], Any]] = {}
         self._loaders: dict[type[Any], Any] = {}
-        #: Per thread (the inline executor runs invocations in threads): the kept
-        #: connection and when it was last used.
-        self._local = threading.local()
 
     @property
     def engine(self) -> Engine:
@@ -151,35 +146,7 @@ class Runtime:
             self._loaders[source] = statement
         return session.execute(statement, {"dbworker_source_id": source_id}).scalar()
 
-    def connection(self) -> Connection:
-        """The connection this thread's invocations run on.
-
-        Kept from one invocation to the next: a pool checkout and a reset per
-        invocation are a large share of a short one. Given back to the pool once it
-        has idled (the pool's idle ping then checks it before the next use) and after
-        any error (it may be broken).
-        """
-        local = self._local
-        conn: Connection | None = getattr(local, "conn", None)
-        now = time.monotonic()
-        if conn is not None and (conn.invalidated or now - local.used_at >= IDLE_SECONDS):
-            self.release_connection()
-            conn = None
-        if conn is None:
-            conn = local.conn = self.engine.connect()
-        local.used_at = now
-        return conn
-
-    def release_connection(self) -> None:
-        """Give this thread's kept connection back to the engine's pool."""
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-
     def dispose(self) -> None:
-        self.release_connection()
         if self._engine is not None:
             self._engine.dispose()
 
@@ -191,7 +158,7 @@ class Runtime:
     def _run(self, task: Task) -> Result:
         worker = self.prepare(task.worker, task.source)
         # Nothing reads the instances after the commit: expiring them is wasted work.
-        with HandlerSession(bind=self.connection(), expire_on_commit=False) as session:
+        with HandlerSession(bind=self.engine, expire_on_commit=False) as session:
             session._dbworker_guarded = True
             try:
                 source = self.load(session, worker, task.source, task.source_id)
@@ -232,7 +199,6 @@ class Runtime:
                 # The connection may be gone; the failure recorded below says why.
                 with contextlib.suppress(Exception):
                     session.rollback()
-                self.release_connection()
                 return self.record_failure(task, worker, exc)
 
     def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:
