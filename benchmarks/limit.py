@@ -27,8 +27,9 @@ How each database claims (the same SQL semantics as dbworker's dialect for it):
   the (status, source_id) index, one part per status in a UNION: there is no partial
   index, and one locking search over all open statuses sorts them, which locks every
   open record it sorted (a second claimer then finds nothing).
-* SQLite (WAL, synchronous NORMAL, 30 s busy timeout): ``BEGIN IMMEDIATE`` and one ``UPDATE ... RETURNING``;
-  every transaction takes the write lock up front, as dbworker's engine does.
+* SQLite (WAL, synchronous NORMAL, 30 s busy timeout): ``BEGIN IMMEDIATE`` and one
+  ``UPDATE ... RETURNING``; every transaction takes the write lock up front, as dbworker's
+  engine does.
 
 The clock runs from "go" (both workers connected and warmed up on ``--warmup`` items)
 to the end of the last worker's loop, which stops at its first empty claim. Reported
