@@ -30,9 +30,10 @@ EXIT_GRACE_SECONDS = 5.0
 #: its replacements die too: a broken interpreter or environment must not spin.
 STARTUP_RETRY_SECONDS = 0.5
 STARTUP_RETRY_MAX_SECONDS = 30.0
-#: Tasks sent ahead into a process's pipe (the one running and the next): the next
-#: starts without waiting for the coordinator to read the result before it.
-PIPE_DEPTH = 2
+#: Tasks sent ahead into a process's pipe (the one running and the next two): the next
+#: starts without waiting for the coordinator to read the result before it, even
+#: while the coordinator is busy claiming.
+PIPE_DEPTH = 3
 #: Prefetch only while the tasks waiting for a process would take about this long.
 PREFETCH_HORIZON_SECONDS = 0.05
 
