@@ -274,7 +274,10 @@ class SQLiteRunner(Runner):
             spec.connect["database"], timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None
         )
         self.cur = self.conn.cursor()
-        self.cur.execute("PRAGMA journal_mode = WAL")
+        # The parent switched the file to WAL (it stays so); switching it here again
+        # from two workers at once can fail with "database is locked".
+        if self.cur.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self.cur.execute("PRAGMA journal_mode = WAL")
         # As dbworker's own connections: commits do not wait for the disk under WAL.
         self.cur.execute("PRAGMA synchronous = NORMAL")
         now, p, k = NOW["sqlite"], PARAM["sqlite"], int(spec.batch)
@@ -409,6 +412,9 @@ def create_work(url: str, first: int, count: int) -> str:
     table = execution_table(WORKER, sa.Integer(), metadata)
     engine = sa.create_engine(url, poolclass=NullPool)
     try:
+        if engine.dialect.name == "sqlite":
+            with engine.connect() as conn:  # once, before the workers connect
+                conn.exec_driver_sql("PRAGMA journal_mode = WAL")
         metadata.create_all(engine)
         ids = range(first, first + count)
         now = time.time()

@@ -144,6 +144,14 @@ def handle(source: Item, session: Session) -> Outcome:
     return _run(WORKER, source, session)
 
 
+def handle_without_rollback(source: Item, session: Session) -> Outcome:
+    """Waits for its gate without ending the transaction dbworker began for it (the
+    opposite of what ``_run`` does), then finishes without writing."""
+    run = announce_run(source.workdir, WORKER, source.id)
+    wait_for_gate(source.workdir, source.id, run)
+    return Finished()
+
+
 def handle_dependent(source: Item, session: Session) -> Outcome:
     # The item's plan is for the first worker; the dependent one just finishes.
     return _run(DEPENDENT, source, session, plan="finish")

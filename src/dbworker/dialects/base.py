@@ -54,6 +54,8 @@ from .liveness import ping_when_idle
 
 #: Claims are numbered from 1, so no fenced statement under this token matches a row.
 NEVER_ISSUED_TOKEN = -1
+#: An execution option marking a connection whose transaction only reads.
+READ_ONLY_OPTION = "dbworker_read_only"
 #: A clock for tests: seconds since the epoch. Production reads the database's clock.
 Clock = Callable[[], float]
 
@@ -166,6 +168,9 @@ class Dialect:
     sessions_outlive_processes: ClassVar[bool] = False
     #: The server's port where a URL leaves it out (None: no server).
     default_port: ClassVar[int | None] = None
+    #: Whether a handler process reads the source row in a read transaction of its own
+    #: (begun on a connection with ``READ_ONLY_OPTION``) before the handler's transaction.
+    source_read_apart: ClassVar[bool] = False
     #: How many candidate rows a discovery or sweep round reads at most.
     discovery_batch: ClassVar[int] = 1000
 

@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import Insert
 
 from ..core.errors import ConfigurationError
-from .base import Claim, Dialect, Owner, WorkerTable, claim_columns
+from .base import READ_ONLY_OPTION, Claim, Dialect, Owner, WorkerTable, claim_columns
 from .open_first import (
     CrossJoin,
     claimed,
@@ -58,6 +58,8 @@ class SQLiteDialect(Dialect):
     # SQLAlchemy silently drops FOR UPDATE on SQLite; exclusivity comes from the
     # database-wide write lock that BEGIN IMMEDIATE takes instead.
     supports_concurrent_claims: ClassVar[bool] = False
+    # The handler's transaction holds the only write lock: keep the row's read out of it.
+    source_read_apart: ClassVar[bool] = True
     #: ``PRAGMA synchronous`` on dbworker's own connections (FULL: sync every commit).
     synchronous: ClassVar[str] = "NORMAL"
 
@@ -197,7 +199,11 @@ class SQLiteDialect(Dialect):
 
         @event.listens_for(engine, "begin")
         def _begin(connection: Any) -> None:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            if connection.get_execution_options().get(READ_ONLY_OPTION):
+                # A read transaction: WAL readers take no lock and wait for nobody.
+                connection.exec_driver_sql("BEGIN")
+            else:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     @staticmethod
     def _busy_timeout(engine: Engine) -> float:

@@ -21,6 +21,8 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
+from .base import READ_ONLY_OPTION
+
 #: The file lock's name: the database's path with this suffix (beside -wal and -shm).
 SUFFIX = "-dbworker-turns"
 _FD = "dbworker_turn_fd"
@@ -47,7 +49,10 @@ def take_turns(engine: Engine, database: str, timeout: float) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(connection: Any) -> None:
-        if not connection.invalidated:
+        # A read transaction needs no turn (WAL readers do not wait for the writer).
+        if not connection.invalidated and not connection.get_execution_options().get(
+            READ_ONLY_OPTION
+        ):
             _take(connection.connection.info, timeout)
 
     @event.listens_for(engine, "commit")

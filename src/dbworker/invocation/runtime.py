@@ -20,7 +20,7 @@ from ..core.outcomes import Finished, Unfinished
 from ..core.policy import Ending, decide
 from ..core.tasks import Result, ResultKind, Task, describe
 from ..dialects import Dialect, WorkerTable, for_engine
-from ..dialects.base import NEVER_ISSUED_TOKEN
+from ..dialects.base import NEVER_ISSUED_TOKEN, READ_ONLY_OPTION
 from ..schema import detached_table
 from .session import HandlerSession
 
@@ -159,9 +159,17 @@ class Runtime:
         worker = self.prepare(task.worker, task.source)
         # Nothing reads the instances after the commit: expiring them is wasted work.
         with HandlerSession(bind=self.engine, expire_on_commit=False) as session:
-            session._dbworker_guarded = True
             try:
-                source = self.load(session, worker, task.source, task.source_id)
+                if self.dialect.source_read_apart:
+                    # Read the row in a read transaction of its own, so that the
+                    # handler's transaction (and the write lock it takes) starts with
+                    # the handler's first statement; the instance stays loaded.
+                    session.connection(execution_options={READ_ONLY_OPTION: True})
+                    source = self.load(session, worker, task.source, task.source_id)
+                    session.commit()
+                else:
+                    source = self.load(session, worker, task.source, task.source_id)
+                session._dbworker_guarded = True
                 if source is None:
                     raise LookupError(
                         f"source row {task.source_id!r} of {task.source.__name__} no longer exists"
