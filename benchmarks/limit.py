@@ -167,12 +167,24 @@ class Runner:
         """Claim up to ``batch`` records: (source id, new token), in key order."""
         raise NotImplementedError
 
+    #: The driver's connection and cursor, opened by each database's runner.
+    conn: Any
+    cur: Any
+
     def work(self, source_id: Any, token: int) -> bool:
-        """Run one claimed item in one transaction; False if its claim was lost."""
-        raise NotImplementedError
+        """Run one claimed item in one transaction; False if its claim was lost (the
+        driver opens the transaction with the first statement)."""
+        self.cur.execute(self.load, (source_id,))
+        noop(self.cur.fetchone())
+        self.cur.execute(self.finish, (source_id, token))
+        if self.cur.rowcount != 1:
+            self.conn.rollback()
+            return False
+        self.conn.commit()
+        return True
 
     def close(self) -> None:
-        raise NotImplementedError
+        self.conn.close()
 
 
 class PostgreSQLRunner(Runner):
@@ -198,27 +210,13 @@ class PostgreSQLRunner(Runner):
         self.conn.commit()
         return sorted((row[0], row[1]) for row in rows)
 
-    def work(self, source_id: Any, token: int) -> bool:
-        self.cur.execute(self.load, (source_id,))
-        noop(self.cur.fetchone())
-        self.cur.execute(self.finish, (source_id, token))
-        if self.cur.rowcount != 1:
-            self.conn.rollback()
-            return False
-        self.conn.commit()
-        return True
-
-    def close(self) -> None:
-        self.conn.close()
-
-
 class MySQLRunner(Runner):
     def __init__(self, spec: RunnerSpec) -> None:
         super().__init__(spec)
         import MySQLdb  # type: ignore[import-untyped]
 
-        self.conn: Any = MySQLdb.connect(**spec.connect)
-        self.cur: Any = self.conn.cursor()
+        self.conn = MySQLdb.connect(**spec.connect)
+        self.cur = self.conn.cursor()
         # Claims read the latest committed rows, as dbworker's coordinator engine does.
         self.cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         now, p, k = NOW["mysql"], PARAM["mysql"], int(spec.batch)
@@ -248,20 +246,6 @@ class MySQLRunner(Runner):
         )
         self.conn.commit()
         return [(source_id, token + 1) for source_id, token in locked]
-
-    def work(self, source_id: Any, token: int) -> bool:
-        self.cur.execute(self.load, (source_id,))
-        noop(self.cur.fetchone())
-        self.cur.execute(self.finish, (source_id, token))
-        if self.cur.rowcount != 1:
-            self.conn.rollback()
-            return False
-        self.conn.commit()
-        return True
-
-    def close(self) -> None:
-        self.conn.close()
-
 
 class SQLiteRunner(Runner):
     def __init__(self, spec: RunnerSpec) -> None:
@@ -305,9 +289,6 @@ class SQLiteRunner(Runner):
             return False
         self.cur.execute("COMMIT")
         return True
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 RUNNERS: dict[str, Callable[[RunnerSpec], Runner]] = {
