@@ -42,7 +42,7 @@ import functools
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -491,16 +491,29 @@ def run_pass(backend: str, stats: str, args: argparse.Namespace) -> dict[str, An
         figures[size]["load_seconds"] = load[size]
         log(f"{backend}/{stats}/{size}: {brief(figures[size], args.limits)}")
     result["sizes"] = {str(size): figures[size] for size in args.sizes}
-    smallest, largest = figures[args.sizes[0]], figures[args.sizes[-1]]
-    keys = [f"claim_limit_{n}{suffix}" for n in args.limits for suffix in ("", "_sql")]
     result["ratios"] = {
         "of": f"p50({args.sizes[-1]}) / p50({args.sizes[0]})",
-        **{
-            f"{key}_p50": round(largest[key]["p50_ms"] / smallest[key]["p50_ms"], 3)
-            for key in [*keys, "discover_idle", "sweep_recent"]
-        },
+        **p50_ratios(
+            figures[args.sizes[0]],
+            figures[args.sizes[-1]],
+            [*claim_keys(args.limits), "discover_idle", "sweep_recent"],
+        ),
     }
     return result
+
+
+def claim_keys(limits: Sequence[int]) -> list[str]:
+    """The claim series measured for each limit: the transaction, and its statements."""
+    return [f"claim_limit_{n}{suffix}" for n in limits for suffix in ("", "_sql")]
+
+
+def p50_ratios(
+    smallest: dict[str, Any], largest: dict[str, Any], keys: Sequence[str]
+) -> dict[str, float]:
+    """p50 at the largest size over p50 at the smallest, per series."""
+    return {
+        f"{key}_p50": round(largest[key]["p50_ms"] / smallest[key]["p50_ms"], 3) for key in keys
+    }
 
 
 # -- during churn -----------------------------------------------------------------------
@@ -658,13 +671,11 @@ def run_churn_pass(backend: str, stats: str, args: argparse.Namespace) -> dict[s
         figures[size]["load_seconds"] = load[size]
         log(f"{backend}/churn/{stats}/backlog {size}: {brief_churn(figures[size], args.limits)}")
     result["backlogs"] = {str(size): figures[size] for size in args.backlogs}
-    smallest, largest = figures[args.backlogs[0]], figures[args.backlogs[-1]]
-    keys = [f"claim_limit_{n}{suffix}" for n in args.limits for suffix in ("", "_sql")]
     result["ratios"] = {
         "of": f"p50(backlog {args.backlogs[-1]}) / p50(backlog {args.backlogs[0]})",
-        **{
-            f"{key}_p50": round(largest[key]["p50_ms"] / smallest[key]["p50_ms"], 3) for key in keys
-        },
+        **p50_ratios(
+            figures[args.backlogs[0]], figures[args.backlogs[-1]], claim_keys(args.limits)
+        ),
     }
     return result
 
