@@ -3,6 +3,6 @@ sweep schedule, and what happens when an invocation ends; one module per idea.""
 
 from .loop import Scheduler
 from .outbox import Health
-from .state import Held, WorkerState
+from .state import WorkerState
 
-__all__ = ["Health", "Held", "Scheduler", "WorkerState"]
+__all__ = ["Health", "Scheduler", "WorkerState"]
