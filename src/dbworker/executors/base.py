@@ -80,6 +80,11 @@ class Executor(ABC):
     def collect(self) -> list[Result]:
         """Results that are ready, including crashes of processes running a task."""
 
+    def collect_by(self) -> float | None:
+        """When to call ``collect`` even if no wait handle fired (``time.monotonic()``):
+        an executor may leave a result unread for a moment when nothing waits on it."""
+        return None
+
     @abstractmethod
     def kill(self, task_key: TaskKey) -> bool:
         """Stop the handler of ``task_key`` at once; no result will be reported for it."""

@@ -36,6 +36,10 @@ STARTUP_RETRY_MAX_SECONDS = 30.0
 PIPE_DEPTH = 3
 #: Prefetch only while the tasks waiting for a process would take about this long.
 PREFETCH_HORIZON_SECONDS = 0.05
+#: A process with this many tasks in its pipe has work for a while: the coordinator
+#: reads its results in batches (waking once for several) until it is expected to be
+#: down to ``PIPE_DEPTH - 1``, instead of waking for every result.
+BATCHED_READS_FROM = PIPE_DEPTH
 
 log = logging.getLogger("dbworker")
 
@@ -147,6 +151,8 @@ class ProcessPool(Executor):
         self._cancelled: set[TaskKey] = set()
         #: Recent invocations' duration (exponentially weighted), for the prefetch depth.
         self._typical_duration: float | None = None
+        #: ``_depth_for(_typical_duration)``, kept: every dispatch and poll reads it.
+        self._depth = 1
         #: Recycled children on their way out, with the time to stop waiting for them.
         self._retiring: list[tuple[ProcessHandle, float]] = []
         self._payloads: dict[str, bytes] = {}
@@ -176,15 +182,19 @@ class ProcessPool(Executor):
 
     # -- capacity ------------------------------------------------------------------
 
-    def _depth(self) -> int:
-        """How many tasks each process may have (running and waiting) just now."""
-        if not self.prefetch:
-            return 1
-        typical = self._typical_duration
-        if typical is None:
+    def _depth_for(self, typical: float | None) -> int:
+        """How many tasks each process may have (running and waiting) when invocations
+        typically take ``typical`` seconds."""
+        if not self.prefetch or typical is None:
             return 1  # nothing measured yet: the tasks may be long ones
         waiting = int(PREFETCH_HORIZON_SECONDS / max(typical, 1e-6))
         return 1 + max(0, min(self.prefetch, waiting))
+
+    def _measured(self, duration: float) -> None:
+        typical = self._typical_duration
+        typical = duration if typical is None else 0.8 * typical + 0.2 * duration
+        self._typical_duration = typical
+        self._depth = self._depth_for(typical)
 
     def _streaming(self, child: _Child, now: float) -> bool:
         """Whether ``child`` is working through short tasks one after another (it ended
@@ -202,7 +212,7 @@ class ProcessPool(Executor):
         return 0 if child.tasks else 1
 
     def free_slots(self) -> int:
-        depth = self._depth()
+        depth = self._depth
         now = time.monotonic()
         room = sum(self._room(c, depth, now) for c in self._children)
         held = len(self._waiting) + sum(len(c.tasks) for c in self._children)
@@ -220,7 +230,7 @@ class ProcessPool(Executor):
         self._dispatch()
 
     def _takes_more(self, child: _Child, now: float) -> bool:
-        if not child.usable or len(child.tasks) >= min(PIPE_DEPTH, self._depth()):
+        if not child.usable or len(child.tasks) >= min(PIPE_DEPTH, self._depth):
             return False
         if child.tasks and not self._streaming(child, now):
             return False  # it may run long: the task goes to whichever process frees first
@@ -229,11 +239,11 @@ class ProcessPool(Executor):
 
     def _dispatch(self) -> None:
         """Send waiting tasks to processes with room in their pipes, idle ones first."""
+        if not self._waiting:
+            return
         now = time.monotonic()
-        while self._waiting:
-            ready = [c for c in self._children if self._takes_more(c, now)]
-            if not ready:
-                return
+        ready = [c for c in self._children if self._takes_more(c, now)]
+        while self._waiting and ready:
             child = min(ready, key=lambda c: len(c.tasks))
             task = self._waiting.popleft()
             if not child.tasks:
@@ -242,6 +252,8 @@ class ProcessPool(Executor):
             # If the child is dead, collect() reports the crash for this task.
             with contextlib.suppress(OSError, EOFError):
                 child.conn.send(task_message(task, self._payloads[task.worker]))
+            if not self._takes_more(child, now):
+                ready.remove(child)
 
     def _requeue(self, tasks: Sequence[Task]) -> None:
         """Give tasks a dead or stopped process had not started to the others, first."""
@@ -255,14 +267,29 @@ class ProcessPool(Executor):
 
     def wait_handles(self) -> Sequence[Any]:
         handles: list[Any] = []
+        now = time.monotonic()
         for child in self._children:
             if child.respawn_at is not None:
                 continue  # dead: its sentinel would wake the loop for ever
             if child.process.sentinel is not None:  # None: no pidfd (yet) to watch
-                handles.append(child.process.sentinel)
-            if child.tasks or not child.ready:
+                handles.append(child.process.sentinel)  # a death is seen at once
+            if not child.ready or (child.tasks and self._read_by(child) <= now):
                 handles.append(child.conn)
         return handles
+
+    def _read_by(self, child: _Child) -> float:
+        """When ``child``'s results should be read: at once, unless it has a full pipe
+        of short tasks, then when it is expected to be one task down."""
+        typical = self._typical_duration
+        if typical is None or len(child.tasks) < BATCHED_READS_FROM:
+            return child.started
+        return child.started + (len(child.tasks) - BATCHED_READS_FROM + 1) * typical
+
+    def collect_by(self) -> float | None:
+        # Children whose results are due have their pipes among the wait handles.
+        now = time.monotonic()
+        times = [self._read_by(c) for c in self._children if c.usable and c.tasks]
+        return min((t for t in times if t > now), default=None)
 
     def collect(self) -> list[Result]:
         self._reap()
@@ -301,10 +328,7 @@ class ProcessPool(Executor):
                 child.tasks.popleft()
                 child.completed += 1
                 results.append(result)
-                typical = self._typical_duration
-                self._typical_duration = (
-                    result.duration if typical is None else 0.8 * typical + 0.2 * result.duration
-                )
+                self._measured(result.duration)
             for key in skipped:  # withdrawn before they started: no result for them
                 self._cancelled.discard(key)
                 child.tasks = collections.deque(t for t in child.tasks if t.key != key)

@@ -23,6 +23,10 @@ SWEEP_HORIZON_SECONDS = 120.0
 SWEEP_EVERY_SECONDS = 5.0
 #: A full anti-join sweep (cost grows with the source table) runs this rarely.
 FULL_SWEEP_EVERY_SECONDS = 600.0
+#: While claims come back full, the known records feed them and discovery waits for
+#: them to run short; but at least this often, so that rows an ``eligible`` order puts
+#: first (a priority, not the key) wait at most this long behind a backlog.
+BUSY_DISCOVERY_SECONDS = 1.0
 
 
 @dataclass(slots=True)
@@ -36,6 +40,15 @@ class DiscoverySchedule:
 
     def due(self, now: float) -> bool:
         return now >= self.next_discovery
+
+    def ran_short(self, now: float) -> None:
+        """A claim came back short (or empty): look for new rows before the next one."""
+        self.next_discovery = now
+
+    def claims_full(self, now: float, poll_seconds: float) -> None:
+        """Discovery just ran and the claim after it came back full: known records feed
+        the next claims, so the next discovery waits until they run short."""
+        self.next_discovery = now + max(poll_seconds, BUSY_DISCOVERY_SECONDS)
 
     def run(self, outbox: Outbox, dialect: Dialect, table: WorkerTable, now: float) -> None:
         """Discover (and sweep, when due) in transactions of ``outbox``; raises Deferred."""

@@ -136,6 +136,10 @@ class Scheduler:
                 started = state.executor.started((name, source_id, held.token))
                 if started is not None:
                     deadlines.append(started + timeout)
+        for state in self.states.values():
+            collect_by = state.executor.collect_by()
+            if collect_by is not None:
+                deadlines.append(collect_by)
         if self._kill_at is not None:
             deadlines.append(self._kill_at)
         wait_for = max(0.0, min(deadlines) - now)
@@ -197,12 +201,9 @@ class Scheduler:
     def _poll(self, state: WorkerState, now: float) -> None:
         worker = state.worker
         try:
-            if state.discovery.due(now):
-                # While claims come back full, known records feed them: look for new
-                # rows once per poll interval (the latency of an idle worker's poll),
-                # not before every claim.
+            discovered = state.discovery.due(now)
+            if discovered:
                 state.discovery.run(self.outbox, self.dialect, worker.table, now)
-                state.discovery.next_discovery = now + self.timings.poll_seconds
             free = state.executor.free_slots()
             claims = self.outbox.transaction(
                 f"claiming for worker={worker.name}",
@@ -219,7 +220,9 @@ class Scheduler:
             state.next_poll = max(self.outbox.blocked_until, now + state.backoff.next_wait())
             return
         if len(claims) < free:
-            state.discovery.next_discovery = now  # known work ran short: look for new rows
+            state.discovery.ran_short(now)  # known work ran short: look for new rows
+        elif discovered:
+            state.discovery.claims_full(now, self.timings.poll_seconds)
         if not claims:
             state.next_poll = now + state.backoff.next_wait()
             return

@@ -1,0 +1,89 @@
+"""A process with a full pipe of short tasks has its results read in batches: the
+scheduler is not woken by each of them, but by a deadline when the process is expected
+to be one task down; its death still wakes the scheduler at once."""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import time
+from typing import Any
+
+import pytest
+
+from dbworker.core.tasks import Task
+from dbworker.executors import pool
+from dbworker.executors.pool import BATCHED_READS_FROM, ProcessPool, _Child
+
+
+class _Process:
+    """Stands in for a running process: only what wait_handles() reads."""
+
+    sentinel = 12345
+    exitcode = None
+
+    def is_alive(self) -> bool:
+        return True
+
+
+def _task(n: int) -> Task:
+    return Task("w", n, 1, 1, 0, print, object)
+
+
+@pytest.fixture
+def rig() -> Any:
+    parent, child_end = multiprocessing.Pipe()
+    executor = ProcessPool(1, runner=None, parent_pid=0, prefetch=4)  # type: ignore[arg-type]
+    child = _Child(_Process(), parent)  # type: ignore[arg-type]
+    child.ready = True
+    executor._children.append(child)
+    yield executor, child
+    parent.close()
+    child_end.close()
+
+
+def test_a_full_pipe_of_short_tasks_is_read_by_a_deadline(rig: Any) -> None:
+    executor, child = rig
+    executor._measured(0.001)
+    child.tasks = collections.deque(_task(n) for n in range(BATCHED_READS_FROM))
+    child.started = time.monotonic()
+    handles = executor.wait_handles()
+    assert child.conn not in handles, "its next results can wait"
+    assert child.process.sentinel in handles, "a death must still wake the scheduler"
+    assert executor.collect_by() == pytest.approx(child.started + 0.001)
+
+
+def test_a_process_near_the_end_of_its_pipe_wakes_the_scheduler(rig: Any) -> None:
+    executor, child = rig
+    executor._measured(0.001)
+    child.tasks = collections.deque(_task(n) for n in range(BATCHED_READS_FROM - 1))
+    child.started = time.monotonic()
+    assert child.conn in executor.wait_handles()
+    assert executor.collect_by() is None
+
+
+def test_results_are_read_at_once_until_durations_are_known(rig: Any) -> None:
+    executor, child = rig
+    child.tasks = collections.deque(_task(n) for n in range(BATCHED_READS_FROM))
+    child.started = time.monotonic()
+    assert child.conn in executor.wait_handles()
+    assert executor.collect_by() is None
+
+
+def test_a_missed_deadline_puts_the_pipe_back_among_the_handles(rig: Any) -> None:
+    executor, child = rig
+    executor._measured(0.001)
+    child.tasks = collections.deque(_task(n) for n in range(BATCHED_READS_FROM))
+    child.started = time.monotonic() - 1.0
+    assert child.conn in executor.wait_handles()
+    assert executor.collect_by() is None
+
+
+def test_the_depth_follows_the_measured_durations() -> None:
+    executor = ProcessPool(1, runner=None, parent_pid=0, prefetch=4)  # type: ignore[arg-type]
+    assert executor._depth == 1, "nothing measured: tasks may be long"
+    executor._measured(pool.PREFETCH_HORIZON_SECONDS / 2)
+    assert executor._depth == 3
+    for _ in range(50):
+        executor._measured(10.0)
+    assert executor._depth == 1
