@@ -102,12 +102,15 @@ def test_worker_name_too_long_for_postgresql_identifiers() -> None:
     assert "at most 44 characters" in message
 
 
-def test_worker_name_length_limit_follows_the_database() -> None:
-    # MySQL allows 64-character identifiers, one more than PostgreSQL.
-    coordinator = Coordinator(sessionmaker(), database_url="mysql+mysqldb://root@db/app")
-    register(coordinator, name="a" * 45)
-    with raises("at most 45 characters"):
-        coordinator.transactional_worker(name="b" * 46, source=Item)
+@pytest.mark.parametrize("url", ["mysql+mysqldb://root@db/app", "sqlite:///app.db"])
+def test_worker_names_fit_every_built_in_database(url: str) -> None:
+    # MySQL allows 64-character identifiers and SQLite has no limit, but an
+    # application moves from SQLite to PostgreSQL (63) with its worker names.
+    coordinator = Coordinator(sessionmaker(), database_url=url)
+    register(coordinator, name="a" * 44)
+    with raises("is too long: at most 44 characters") as raised:
+        coordinator.transactional_worker(name="b" * 45, source=Item)
+    assert "PostgreSQL's 63-character identifiers" in str(raised.value)
 
 
 def test_duplicate_worker_name(coordinator: Coordinator) -> None:
