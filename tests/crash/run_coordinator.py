@@ -31,9 +31,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-poll", type=float, default=0.2)
     parser.add_argument("--executor", default="pool")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(process)d %(levelname)s %(message)s"
+    # dbworker's records carry the item as attributes, which this format prints.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(
+            "%(process)d %(levelname)s worker=%(worker)s source_id=%(source_id)r "
+            "attempt=%(attempt)s %(message)s"
+        )
     )
+    dbworker_log = logging.getLogger("dbworker")
+    dbworker_log.addHandler(handler)
+    dbworker_log.setLevel(logging.INFO)
+    dbworker_log.propagate = False
 
     engine = create_engine(args.url)
     coordinator = Coordinator(
