@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .core.errors import ConfigurationError, DBWorkerError, UnknownWorkerError
 from .core.names import check_portable_length, table_name, validate_worker_name
+from .core.outcomes import Outcome
 from .core.status import ExecutionStatus
 from .core.timing import PollBackoff, RetryPolicy, Timings, require_positive
 from .dialects import Dialect, Owner, for_url
@@ -45,7 +46,11 @@ from .worker import (
     source_mapper,
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
+#: The source model a worker's handler receives, and what the handler returns: the
+#: decorator is generic over both, so a type checker refuses a handler that takes
+#: another model or may return None.
+SourceModel = TypeVar("SourceModel")
+OutcomeType = TypeVar("OutcomeType", bound=Outcome)
 
 log = logger()
 
@@ -123,7 +128,7 @@ class Coordinator:
     def transactional_worker(
         self,
         name: str,
-        source: type[Any],
+        source: type[SourceModel],
         eligible: Eligible | None = None,
         concurrency: int = 1,
         *,
@@ -131,7 +136,10 @@ class Coordinator:
         retry: RetryPolicy | None = None,
         max_crashes: int = DEFAULT_MAX_CRASHES,
         executor: ExecutorChoice | str | None = None,
-    ) -> Callable[[F], F]:
+    ) -> Callable[
+        [Callable[[SourceModel, Session], OutcomeType]],
+        Callable[[SourceModel, Session], OutcomeType],
+    ]:
         """Register the decorated function as the handler of worker ``name``.
 
         The function is returned unchanged, so it stays callable in unit tests.
@@ -162,7 +170,9 @@ class Coordinator:
             # Validate the source now, before the decorator receives the handler.
             source_mapper(source)
 
-        def register(handler: F) -> F:
+        def register(
+            handler: Callable[[SourceModel, Session], OutcomeType],
+        ) -> Callable[[SourceModel, Session], OutcomeType]:
             check_sync_handler(handler)
             check_importable(handler)
             chosen.check_handler(name, handler, source)

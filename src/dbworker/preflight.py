@@ -23,8 +23,12 @@ from .logs import logger
 
 log = logger()
 
-#: The extra that installs each driver dbworker's extras know about.
-DRIVER_EXTRAS = {"psycopg": "postgresql", "mysqldb": "mysql", "pymysql": "pymysql"}
+#: The package and the dbworker extra that install each driver the extras know about.
+DRIVER_PACKAGES = {
+    "psycopg": ("psycopg", "postgresql"),
+    "mysqldb": ("mysqlclient", "mysql"),
+    "pymysql": ("PyMySQL", "pymysql"),
+}
 
 # -- the session factory, the URL and its driver -----------------------------------------
 
@@ -53,15 +57,12 @@ def check_driver(url: URL) -> None:
     try:
         dialect.import_dbapi()
     except ImportError as exc:
-        extra = DRIVER_EXTRAS.get(dialect.driver)
-        fix = (
-            f"pip install 'dbworker[{extra}]'"
-            if extra
-            else f"install the {dialect.driver!r} driver package"
-        )
+        package, extra = DRIVER_PACKAGES.get(dialect.driver, (None, None))
+        what = f"the {dialect.driver} driver" + (f" (the {package} package)" if package else "")
+        fix = f"pip install 'dbworker[{extra}]'" if extra else "install it"
         raise ConfigurationError(
-            f"database_url {url.render_as_string()} needs the {dialect.driver} driver, which "
-            f"is not installed ({exc}): {fix}"
+            f"database_url {url.render_as_string()} needs {what}, which is not installed "
+            f"({exc}): {fix}"
         ) from exc
 
 

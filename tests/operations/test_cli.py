@@ -16,7 +16,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import inspect, select
@@ -353,7 +352,7 @@ def test_run_second_sigint_stops_at_once(ops: Site, tmp_path: Path) -> None:
         assert wait_for_exit(process, log) == 0
     assert not pid_alive(handler_pid)
 
-    state: dict[str, Any] | None = ops.state(reader, "jobs", 1)
+    state = ops.state(reader, "jobs", 1)
     assert state is not None
     assert state["execution_status"] is ExecutionStatus.UNFINISHED
     # Released, not crashed: claimable at once, and no crash counted against it.
