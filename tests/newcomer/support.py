@@ -15,7 +15,7 @@ TIMEOUT = 180.0
 
 #: A model, a coordinator and one worker, as a README reader writes them. ``{url}``
 #: defaults to a file beside the script.
-APP = '''\
+APP = """\
 import time
 
 from sqlalchemy import create_engine
@@ -42,7 +42,7 @@ class Item(Base):
 def work(item: Item, session: Session) -> Finished:
     return Finished()
 
-'''
+"""
 
 
 def write_app(

@@ -92,8 +92,7 @@ def test_guarded_start_in_the_main_script_works(tmp_path: Path) -> None:
 
             Coordinator(async_sessionmaker(), database_url=URL)
             """,
-            "session_factory is an async_sessionmaker; dbworker needs a synchronous "
-            "sessionmaker",
+            "session_factory is an async_sessionmaker; dbworker needs a synchronous sessionmaker",
             id="async-sessionmaker",
         ),
         pytest.param(

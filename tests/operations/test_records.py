@@ -6,7 +6,7 @@ import datetime as dt
 import os
 import socket
 
-from dbworker import ExecutionStatus
+from dbworker import ExecutionState, ExecutionStatus, FailedItem
 from dbworker.core.tasks import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS
 
 from . import app
@@ -42,8 +42,12 @@ def test_failure_record(ops: Site) -> None:
 
     state = ops.state(coordinator, "records", 1)
     assert state is not None
-    # Exactly the documented fields: in particular no fencing token.
-    assert set(state) == PUBLIC_FIELDS
+    # Exactly the documented fields: in particular no fencing token. The TypedDict
+    # that types them names the same keys.
+    assert set(state) == PUBLIC_FIELDS == ExecutionState.__required_keys__
+    with ops.session_factory() as session:
+        [failed] = coordinator.workers["records"].failed(session)
+    assert set(failed) == FailedItem.__required_keys__
     assert not any("token" in key for key in state)
     assert state["error"] == "PolicyError: job 1 run 1 failed on purpose"
     assert state["error_type"] == f"{app.__name__}.PolicyError"
