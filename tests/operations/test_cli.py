@@ -520,3 +520,12 @@ def test_help_is_plain_text(args: list[str]) -> None:
     assert "``" not in result.stdout and ":class:" not in result.stdout, result.stdout
     assert "exit status:" in result.stdout
     assert "DBWORKER_APP" in result.stdout
+
+
+def test_an_unreachable_database_is_exit_status_1(tmp_path: Path) -> None:
+    # Nothing listens on port 1: the command says why it failed, without a traceback.
+    url = "postgresql+psycopg://nobody@127.0.0.1:1/app?connect_timeout=5"
+    result = dbworker(url, "status", REFERENCE, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("dbworker: OperationalError: "), result.stderr
+    assert "Traceback" not in result.stderr
