@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from dbworker import Coordinator, ExecutionStatus
+from dbworker import Coordinator, ExecutionState, ExecutionStatus
 from waiting import wait_until
 
 #: Waits that span database restarts and a loaded CI machine.
@@ -25,7 +25,7 @@ class ExecutionReads:
         with self.session_factory() as session:
             return coordinator.execution_status(session, worker=worker, source_id=source_id)
 
-    def state(self, coordinator: Coordinator, worker: str, source_id: Any) -> dict[str, Any] | None:
+    def state(self, coordinator: Coordinator, worker: str, source_id: Any) -> ExecutionState | None:
         with self.session_factory() as session:
             return coordinator.workers[worker].state(session, source_id)
 

@@ -15,6 +15,7 @@ from .core.timing import RetryPolicy
 from .drain import DrainedItem, DrainReport
 from .executors import Inline, Pool, SpawnPerTask, Subprocess
 from .health import Health
+from .records import ExecutionState, FailedItem
 from .worker import Worker
 
 __all__ = [
@@ -23,7 +24,9 @@ __all__ = [
     "DBWorkerError",
     "DrainReport",
     "DrainedItem",
+    "ExecutionState",
     "ExecutionStatus",
+    "FailedItem",
     "Finished",
     "HandlerContractError",
     "HandlerTimeout",

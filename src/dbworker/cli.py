@@ -1,47 +1,86 @@
 """The ``dbworker`` command: run a coordinator and look after its work.
 
 Every command names the application's coordinator as ``module:attribute``
-(like uvicorn), e.g. ``dbworker run myapp.workers:coordinator``.
+(like uvicorn), e.g. ``dbworker run myapp.workers:coordinator``, or reads it from
+the ``DBWORKER_APP`` environment variable. Exit statuses: 0 on success, 2 for bad
+arguments, a bad reference or an unknown worker, 1 for any other error.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
-import logging
+import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
+from sqlalchemy import inspect
+from sqlalchemy.engine import make_url
+
 from .coordinator import Coordinator
-from .core.errors import DBWorkerError
+from .core.errors import ConfigurationError, DBWorkerError, UnknownWorkerError
 from .core.status import ExecutionStatus
+from .logs import LEVELS, logger
+from .logs import configure as configure_logging
+from .worker import Worker
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
+#: The environment variable naming the coordinator when the command line does not.
+APP_ENV = "DBWORKER_APP"
+#: The name the command uses for records discovered but not claimed yet (``None`` in
+#: the API), as the demo does.
+NOT_CLAIMED = "pending"
+
 _STATUS_COLUMNS: list[ExecutionStatus | None] = [None, *ExecutionStatus]
+
+log = logger()
+
+
+class UsageError(DBWorkerError):
+    """The command line is wrong (exit status 2)."""
+
+
+class AppImportError(DBWorkerError):
+    """Importing the application's module raised (its own error, not a bad reference)."""
+
+    def __init__(self, module: str) -> None:
+        super().__init__(module)
+        self.module = module
 
 
 def load_coordinator(reference: str) -> Coordinator:
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
-        raise DBWorkerError(f"expected module:attribute, got {reference!r}")
+        raise UsageError(f"expected module:attribute, got {reference!r}")
     sys.path.insert(0, ".")
     try:
         target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only a missing module named by the reference is a bad reference; a module
+        # that the application itself fails to import is the application's error.
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise UsageError(f"cannot import {module_name!r}: {exc}") from None
+        raise AppImportError(module_name) from exc
+    except Exception as exc:
+        raise AppImportError(module_name) from exc
     finally:
         sys.path.remove(".")
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise DBWorkerError(f"{module_name} has no attribute {attribute!r}") from None
+            raise UsageError(f"{module_name} has no attribute {attribute!r}") from None
     if not isinstance(target, Coordinator):
-        raise DBWorkerError(f"{reference} is a {type(target).__name__}, not a dbworker Coordinator")
+        raise UsageError(f"{reference} is a {type(target).__name__}, not a dbworker Coordinator")
     return target
 
 
@@ -53,8 +92,28 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _workers(coordinator: Coordinator, names: Sequence[str] | None) -> list[str]:
-    return list(names) if names else list(coordinator.workers)
+def _json(value: object) -> str:
+    def default(item: object) -> object:
+        return item.isoformat() if isinstance(item, datetime) else str(item)
+
+    return json.dumps(value, default=default)
+
+
+def _workers(coordinator: Coordinator, names: Sequence[str] | None) -> list[Worker]:
+    """The named workers (all by default), refusing unknown names; their tables must
+    exist (checked without creating an empty SQLite file on the way)."""
+    chosen = [coordinator.workers[name] for name in (names or coordinator.workers)]
+    coordinator._check_database_exists()
+    with coordinator.session_factory() as session:
+        existing = set(inspect(session.connection()).get_table_names())
+    missing = [w.execution_table.name for w in chosen if w.execution_table.name not in existing]
+    if missing:
+        where = make_url(coordinator.database_url).render_as_string(hide_password=True)
+        raise DBWorkerError(
+            f"the worker table(s) {', '.join(missing)} do not exist yet in {where}: "
+            "run `dbworker create-tables` (or your migrations) first"
+        )
+    return chosen
 
 
 # -- commands ----------------------------------------------------------------------
@@ -70,13 +129,13 @@ def cmd_run(coordinator: Coordinator, args: argparse.Namespace) -> int:
         # Ask first, log after: once the line is printed, nothing new is claimed.
         if signals["count"] == 1:
             coordinator.stop(wait=False)
-            logging.getLogger("dbworker").warning(
+            log.warning(
                 "%s: stopping after running handlers finish (again to stop at once)",
                 signal.Signals(signum).name,
             )
         else:
             coordinator.stop(timeout=0, wait=False)
-            logging.getLogger("dbworker").warning(
+            log.warning(
                 "%s again: killing running handlers and releasing their items",
                 signal.Signals(signum).name,
             )
@@ -89,7 +148,7 @@ def cmd_run(coordinator: Coordinator, args: argparse.Namespace) -> int:
     coordinator.stop()
     health = coordinator.health()
     if health.crashed is not None:
-        print(f"dbworker: scheduler stopped by an error: {health.crashed}", file=sys.stderr)
+        log.error("scheduler stopped by an error: %s", health.crashed)
         return EXIT_ERROR
     return EXIT_OK
 
@@ -98,7 +157,7 @@ def cmd_create_tables(coordinator: Coordinator, args: argparse.Namespace) -> int
     coordinator.create_worker_tables()
     names = [worker.execution_table.name for worker in coordinator.workers.values()]
     if args.json:
-        print(json.dumps({"tables": names}))
+        print(_json({"tables": names}))
     else:
         print("tables ready: " + ", ".join(names))
     return EXIT_OK
@@ -106,15 +165,13 @@ def cmd_create_tables(coordinator: Coordinator, args: argparse.Namespace) -> int
 
 def cmd_status(coordinator: Coordinator, args: argparse.Namespace) -> int:
     report: dict[str, dict[str, int]] = {}
+    workers = _workers(coordinator, args.worker)
     with coordinator.session_factory() as session:
-        for name in _workers(coordinator, args.worker):
-            worker = coordinator.workers.get(name)
-            if worker is None:
-                raise DBWorkerError(f"no worker named {name!r}")
+        for worker in workers:
             counts = worker.counts(session)
-            report[name] = {_label(s): counts.get(s, 0) for s in _STATUS_COLUMNS}
+            report[worker.name] = {_label(s): counts.get(s, 0) for s in _STATUS_COLUMNS}
     if args.json:
-        print(json.dumps(report))
+        print(_json(report))
     else:
         headers = ["worker", *(_label(s) for s in _STATUS_COLUMNS)]
         rows = [[name, *counts.values()] for name, counts in report.items()]
@@ -123,20 +180,18 @@ def cmd_status(coordinator: Coordinator, args: argparse.Namespace) -> int:
 
 
 def _label(status: ExecutionStatus | None) -> str:
-    return "pending" if status is None else status.value
+    return NOT_CLAIMED if status is None else status.value
 
 
 def cmd_failed(coordinator: Coordinator, args: argparse.Namespace) -> int:
     items: list[dict[str, Any]] = []
+    workers = _workers(coordinator, args.worker)
     with coordinator.session_factory() as session:
-        for name in _workers(coordinator, args.worker):
-            worker = coordinator.workers.get(name)
-            if worker is None:
-                raise DBWorkerError(f"no worker named {name!r}")
+        for worker in workers:
             for item in worker.failed(session, args.limit):
-                items.append({"worker": name, **item})
+                items.append({"worker": worker.name, **item})
     if args.json:
-        print(json.dumps(items, default=str))
+        print(_json(items))
     else:
         rows = [
             [i["worker"], i["source_id"], i["attempts"], i["crashes"], _one_line(i["error"])]
@@ -152,22 +207,23 @@ def _one_line(text: str | None, width: int = 100) -> str:
 
 
 def cmd_retry(coordinator: Coordinator, args: argparse.Namespace) -> int:
-    worker = coordinator.workers.get(args.worker)
-    if worker is None:
-        raise DBWorkerError(f"no worker named {args.worker!r}")
+    [worker] = _workers(coordinator, [args.worker])
     if not args.all and not args.ids:
-        raise DBWorkerError("name the ids to retry, or --all")
+        raise UsageError("name the ids to retry, or --all")
     with coordinator.session_factory() as session:
         if args.all:
             ids = [item["source_id"] for item in worker.failed(session)]
         else:
             parse = coordinator._registration(args.worker).source_id_from_text
-            ids = [parse(text) for text in args.ids]
+            try:
+                ids = [parse(text) for text in args.ids]
+            except ConfigurationError as exc:
+                raise UsageError(str(exc)) from None
         reset = [source_id for source_id in ids if worker.reset_failed(session, source_id)]
         session.commit()
     skipped = [source_id for source_id in ids if source_id not in reset]
     if args.json:
-        print(json.dumps({"reset": reset, "not_failed": skipped}, default=str))
+        print(_json({"reset": reset, "not_failed": skipped}))
     else:
         print(f"reset {len(reset)} failed item(s) of {args.worker}")
         if skipped:
@@ -178,18 +234,78 @@ def cmd_retry(coordinator: Coordinator, args: argparse.Namespace) -> int:
 # -- parsing -------------------------------------------------------------------------
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("dbworker")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, uninstalled
+        return "unknown"
+
+
+DESCRIPTION = """\
+Run a dbworker coordinator and look after its work.
+
+Every command names the application's Coordinator as module:attribute (like
+uvicorn), e.g. "dbworker run myapp.workers:coordinator", or reads it from the
+DBWORKER_APP environment variable. The current directory is importable."""
+
+EPILOG = f"""\
+exit status:
+  {EXIT_OK}  success
+  {EXIT_USAGE}  bad arguments, a bad module:attribute reference or an unknown worker
+  {EXIT_ERROR}  any other error: the database is unreachable, the worker tables do not
+     exist, or the scheduler stopped on an error during run"""
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="dbworker", description=__doc__)
-    top.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    commands = top.add_subparsers(dest="command", required=True)
+    # --json and --log-level are accepted before and after the command: the
+    # subcommands' copies default to SUPPRESS so that leaving them out there keeps
+    # what was given before the command.
+    def options(target: argparse.ArgumentParser, defaults: bool) -> None:
+        target.add_argument(
+            "--json",
+            action="store_true",
+            default=False if defaults else argparse.SUPPRESS,
+            help="machine-readable output (for run: JSON log lines)",
+        )
+        target.add_argument(
+            "--log-level",
+            type=str.upper,
+            choices=LEVELS,
+            default="INFO" if defaults else argparse.SUPPRESS,
+            metavar="LEVEL",
+            help=f"dbworker's log level: {', '.join(LEVELS)} (default INFO)",
+        )
+
+    top = argparse.ArgumentParser(
+        prog="dbworker",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    options(top, defaults=True)
+    top.add_argument("--version", action="version", version=f"dbworker {_version()}")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("coordinator", help="the application's Coordinator, as module:attribute")
-        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub = commands.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sub.add_argument(
+            "coordinator",
+            nargs="?",
+            metavar="APP",
+            help=f"the application's Coordinator as module:attribute (default: ${APP_ENV})",
+        )
+        options(sub, defaults=False)
         return sub
 
-    run = command("run", "start the coordinator; SIGTERM/SIGINT stop it gracefully, twice at once")
+    run = command(
+        "run", "start the coordinator; SIGTERM or SIGINT stops it gracefully, a second one at once"
+    )
     run.add_argument("--create-tables", action="store_true", help="create worker tables first")
     run.set_defaults(handler=cmd_run)
     command("create-tables", "create the worker tables (idempotent)").set_defaults(
@@ -211,19 +327,34 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    arguments = parser()
+    args = arguments.parse_args(argv)
+    reference = args.coordinator or os.environ.get(APP_ENV)
+    if not reference:
+        arguments.error(f"name the application's Coordinator (module:attribute) or set {APP_ENV}")
+    # Configured before the application is imported, so that its import is logged too.
+    configure_logging(args.log_level, json_lines=args.json, stream=sys.stderr)
     try:
-        coordinator = load_coordinator(args.coordinator)
+        coordinator = load_coordinator(reference)
+        log.debug(
+            "loaded %s: workers %s, database %s",
+            reference,
+            ", ".join(coordinator.workers) or "none",
+            make_url(coordinator.database_url).render_as_string(hide_password=True),
+        )
         code: int = args.handler(coordinator, args)
-    except DBWorkerError as exc:
+    except (UsageError, UnknownWorkerError) as exc:
         print(f"dbworker: {exc}", file=sys.stderr)
-        return EXIT_USAGE if args.command != "run" else EXIT_ERROR
+        return EXIT_USAGE
+    except AppImportError as exc:
+        # The application's own code failed: its traceback is what the user needs.
+        print(f"dbworker: importing {exc.module} failed:", file=sys.stderr)
+        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+        return EXIT_ERROR
     except Exception as exc:  # e.g. the database is unreachable: say so, no traceback wall
-        logging.getLogger("dbworker").debug("command failed", exc_info=exc)
-        print(f"dbworker: {type(exc).__name__}: {exc}", file=sys.stderr)
+        log.debug("command failed", exc_info=exc)
+        text = str(exc) if isinstance(exc, DBWorkerError) else f"{type(exc).__name__}: {exc}"
+        print(f"dbworker: {text}", file=sys.stderr)
         return EXIT_ERROR
     return code
 

@@ -14,7 +14,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from .core.errors import ConfigurationError, DBWorkerError, UnknownWorkerError
-from .core.names import table_name, validate_worker_name
+from .core.names import check_portable_length, table_name, validate_worker_name
+from .core.outcomes import Outcome
 from .core.status import ExecutionStatus
 from .core.timing import PollBackoff, RetryPolicy, Timings, require_positive
 from .dialects import Dialect, Owner, for_url
@@ -23,6 +24,15 @@ from .executors import Executor, ExecutorChoice
 from .executors import resolve as resolve_executor
 from .health import Health
 from .invocation import ChildConfig, ProcessRunner
+from .logs import logger
+from .preflight import (
+    check_driver,
+    check_main_guard,
+    check_sync_handler,
+    check_sync_session_factory,
+    missing_sqlite_file,
+    resolve_sqlite_path,
+)
 from .scheduling import Scheduler, WorkerState
 from .schema import PRELOAD_MODULES, expected_columns
 from .worker import (
@@ -36,7 +46,13 @@ from .worker import (
     source_mapper,
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
+#: The source model a worker's handler receives, and what the handler returns: the
+#: decorator is generic over both, so a type checker refuses a handler that takes
+#: another model or may return None.
+SourceModel = TypeVar("SourceModel")
+OutcomeType = TypeVar("OutcomeType", bound=Outcome)
+
+log = logger()
 
 
 class Coordinator:
@@ -59,10 +75,11 @@ class Coordinator:
         max_poll_seconds: float = 10,
         executor: ExecutorChoice | str = "pool",
     ) -> None:
+        check_sync_session_factory(session_factory)
         if not callable(session_factory):
             raise ConfigurationError("session_factory must be a SQLAlchemy sessionmaker")
         try:
-            self._url = make_url(database_url)
+            given = make_url(database_url)
         except Exception as exc:
             raise ConfigurationError(f"invalid database_url {database_url!r}: {exc}") from exc
         if engine_options is not None and not isinstance(engine_options, Mapping):
@@ -71,12 +88,17 @@ class Coordinator:
         self.engine_options: dict[str, Any] = dict(engine_options or {})
         self._timings = Timings(lease_seconds, poll_seconds, max_poll_seconds)
         self._executor_choice = resolve_executor(executor)
-        self._dialect: Dialect = for_url(self._url)
-        self._dialect.validate_url(self._url)
+        self._dialect: Dialect = for_url(given)
+        self._dialect.validate_url(given)
+        check_driver(given)
+        #: As given, for messages; ``_url`` is what every engine connects to.
+        self._given_url = given
+        self._url = resolve_sqlite_path(given)
         self._check_same_database()
         self._workers: dict[str, Registration] = {}
         self._lock = threading.Lock()
         self._scheduler: Scheduler | None = None
+        self._stopped = False
         self._engine: Engine | None = None
 
     @property
@@ -106,7 +128,7 @@ class Coordinator:
     def transactional_worker(
         self,
         name: str,
-        source: type[Any],
+        source: type[SourceModel],
         eligible: Eligible | None = None,
         concurrency: int = 1,
         *,
@@ -114,7 +136,10 @@ class Coordinator:
         retry: RetryPolicy | None = None,
         max_crashes: int = DEFAULT_MAX_CRASHES,
         executor: ExecutorChoice | str | None = None,
-    ) -> Callable[[F], F]:
+    ) -> Callable[
+        [Callable[[SourceModel, Session], OutcomeType]],
+        Callable[[SourceModel, Session], OutcomeType],
+    ]:
         """Register the decorated function as the handler of worker ``name``.
 
         The function is returned unchanged, so it stays callable in unit tests.
@@ -125,6 +150,7 @@ class Coordinator:
         limits = (sql_dialect.max_identifier_length, sql_dialect.max_index_name_length)
         max_length = min((n for n in limits if n), default=63)
         validate_worker_name(name, max_length)
+        check_portable_length(name)
         check_concurrency(concurrency)
         if eligible is not None and not callable(eligible):
             raise ConfigurationError(
@@ -144,7 +170,10 @@ class Coordinator:
             # Validate the source now, before the decorator receives the handler.
             source_mapper(source)
 
-        def register(handler: F) -> F:
+        def register(
+            handler: Callable[[SourceModel, Session], OutcomeType],
+        ) -> Callable[[SourceModel, Session], OutcomeType]:
+            check_sync_handler(handler)
             check_importable(handler)
             chosen.check_handler(name, handler, source)
             with self._lock:
@@ -171,8 +200,26 @@ class Coordinator:
         return _Workers(self._workers).registration(name)
 
     def _check_not_started(self, action: str) -> None:
+        if self._stopped:
+            raise ConfigurationError(
+                f"cannot {action} after stop(): a Coordinator runs once; build a new one"
+            )
         if self._scheduler is not None:
             raise ConfigurationError(f"cannot {action} after start()")
+
+    def _check_database_exists(self) -> None:
+        # Connecting would create an empty SQLite file, and the error that follows
+        # (no tables) would not say where it looked. Only for a session factory bound
+        # to an engine, known to be database_url's database: another factory may
+        # point elsewhere, which _check_tables reports as such.
+        if self._bound_engine() is None:
+            return
+        missing = missing_sqlite_file(self._url, self._given_url)
+        if missing is not None:
+            raise ConfigurationError(
+                f"{missing}; create it with coordinator.create_worker_tables() "
+                "(dbworker create-tables) or point database_url at the application's file"
+            )
 
     # -- tables ------------------------------------------------------------------------
 
@@ -225,10 +272,14 @@ class Coordinator:
                 "they point at different databases"
             )
 
-    def _check_same_database(self) -> None:
+    def _bound_engine(self) -> Engine | None:
         kw = getattr(self.session_factory, "kw", {})
         bind = kw.get("bind") if isinstance(kw, Mapping) else None
-        if not isinstance(bind, Engine):
+        return bind if isinstance(bind, Engine) else None
+
+    def _check_same_database(self) -> None:
+        bind = self._bound_engine()
+        if bind is None:
             return
         ours, theirs = self._url, bind.url
         if theirs.get_backend_name() not in self._dialect.backend_names or not (
@@ -247,9 +298,12 @@ class Coordinator:
             self._check_not_started("start")
             if not self._workers:
                 raise ConfigurationError("register at least one worker before start()")
+            if any(worker.executor.reruns_main for worker in self._workers.values()):
+                check_main_guard()
             for worker in self._workers.values():
                 check_picklable(worker.name, worker.handler)
                 worker.eligible_query()
+            self._check_database_exists()
             engine = self._coordination_engine()
             states: list[WorkerState] = []
             try:
@@ -273,6 +327,21 @@ class Coordinator:
             self._engine = engine
             self._scheduler = scheduler
             atexit.register(self._at_exit)
+        for worker in self._workers.values():
+            log.debug(
+                "worker started: concurrency %d, executor %r, timeout %s, retry %s, max_crashes %d",
+                worker.concurrency,
+                worker.executor,
+                worker.timeout,
+                worker.retry,
+                worker.max_crashes,
+                extra={"worker": worker.name},
+            )
+        log.info(
+            "coordinator started: %s on %s",
+            ", ".join(self._workers),
+            self._url.render_as_string(hide_password=True),
+        )
 
     def _preload_forkserver(self) -> None:
         # Handler processes fork from multiprocessing's fork server: modules it has
@@ -291,6 +360,7 @@ class Coordinator:
         for worker in self._workers.values():
             modules |= {worker.handler.__module__, worker.source.__module__}
         modules.discard("__main__")
+        log.debug("fork server preloads %s", ", ".join(sorted(modules)))
         multiprocessing.set_forkserver_preload(["__main__", *sorted(modules)])
 
     def _runner(self) -> ProcessRunner:
@@ -324,6 +394,7 @@ class Coordinator:
             chosen = [self._registration(name) for name in (workers or self._workers)]
             for worker in chosen:
                 worker.eligible_query()
+            self._check_database_exists()
             with self.session_factory() as session:
                 self._check_tables(session)
         engine = self._coordination_engine()
@@ -351,6 +422,9 @@ class Coordinator:
         scheduler = self._scheduler
         if scheduler is None:
             return
+        if not self._stopped:
+            log.debug("coordinator stopping (timeout %s)", timeout)
+        self._stopped = True
         scheduler.request_stop(timeout)
         if not wait:
             return
@@ -358,6 +432,8 @@ class Coordinator:
             scheduler.thread.join()
         if self._engine is not None:
             self._engine.dispose()
+            self._engine = None
+            log.info("coordinator stopped")
         atexit.unregister(self._at_exit)
 
     def _at_exit(self) -> None:

@@ -10,7 +10,7 @@ import inspect as pyinspect
 import pickle
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Integer, Select, Table, inspect, select
 from sqlalchemy.exc import NoInspectionAvailable
@@ -22,6 +22,7 @@ from .core.tasks import Task
 from .core.timing import RetryPolicy
 from .dialects import Claim, Dialect, WorkerTable
 from .executors import ExecutorChoice, Pool
+from .records import ExecutionState, FailedItem
 from .schema import execution_table
 
 if TYPE_CHECKING:
@@ -144,10 +145,13 @@ class Registration:
 
     # -- status, for the application -------------------------------------------------
 
-    def state(self, session: Session, source_id: Any) -> dict[str, Any] | None:
+    def state(self, session: Session, source_id: Any) -> ExecutionState | None:
         """The execution record of ``source_id``: ``execution_status``, ``error``,
         ``lease_expires_at`` and more; ``None`` if this worker never claimed it."""
-        return self.dialect.read_state(session.connection(), self.table, source_id)
+        # The dialect builds the dict with exactly ExecutionState's keys (a test
+        # compares them), so the cast only names its type.
+        state = self.dialect.read_state(session.connection(), self.table, source_id)
+        return cast(ExecutionState | None, state)
 
     def status(self, session: Session, source_id: Any) -> ExecutionStatus | None:
         phase = self.dialect.read_status(session.connection(), self.table, source_id)
@@ -167,10 +171,10 @@ class Registration:
             for phase, n in self.dialect.counts(session.connection(), self.table).items()
         }
 
-    def failed(self, session: Session, limit: int | None = None) -> list[dict[str, Any]]:
+    def failed(self, session: Session, limit: int | None = None) -> list[FailedItem]:
         """FAILED items: ``source_id``, ``error``, ``error_type``, ``attempts``,
         ``crashes``, ``updated_at``; in key order."""
-        return self.dialect.failed(session.connection(), self.table, limit)
+        return cast(list[FailedItem], self.dialect.failed(session.connection(), self.table, limit))
 
     def source_id_from_text(self, text: str) -> Any:
         """Parse a source id typed on a command line into the key column's type."""
@@ -256,7 +260,7 @@ class Worker:
         """The worker's execution table (in the source model's MetaData, for migrations)."""
         return self._registration.table.table
 
-    def state(self, session: Session, source_id: Any) -> dict[str, Any] | None:
+    def state(self, session: Session, source_id: Any) -> ExecutionState | None:
         """The execution record of ``source_id``: ``execution_status``, ``error``,
         ``lease_expires_at`` and more; ``None`` if this worker never claimed it."""
         return self._registration.state(session, source_id)
@@ -276,7 +280,7 @@ class Worker:
         """How many records are in each status (``None``: discovered, never claimed)."""
         return self._registration.counts(session)
 
-    def failed(self, session: Session, limit: int | None = None) -> list[dict[str, Any]]:
+    def failed(self, session: Session, limit: int | None = None) -> list[FailedItem]:
         """FAILED items: ``source_id``, ``error``, ``error_type``, ``attempts``,
         ``crashes``, ``updated_at``; in key order."""
         return self._registration.failed(session, limit)

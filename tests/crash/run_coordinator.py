@@ -9,7 +9,6 @@ which the tests read to see what the coordinator concluded (e.g. a lost claim).
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -18,6 +17,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 
 from dbworker import Coordinator
+from dbworker.logs import configure as configure_logging
 
 from . import app
 
@@ -31,9 +31,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-poll", type=float, default=0.2)
     parser.add_argument("--executor", default="pool")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(process)d %(levelname)s %(message)s"
-    )
+    # As the dbworker command logs: the item (worker, source_id, attempt) in brackets.
+    configure_logging("INFO", json_lines=False, stream=sys.stderr)
 
     engine = create_engine(args.url)
     coordinator = Coordinator(

@@ -10,12 +10,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from dbworker import Coordinator, ExecutionStatus
+from dbworker import Coordinator, ExecutionState, ExecutionStatus
 from dbworker.dialects import for_url
 from waiting import DEADLINE, wait_until
 
@@ -116,7 +116,7 @@ def add_items(
     return list(range(1, len(modes) + 1))
 
 
-def state(coordinator: Coordinator, engine: Engine, item_id: int) -> dict[str, Any] | None:
+def state(coordinator: Coordinator, engine: Engine, item_id: int) -> ExecutionState | None:
     with Session(engine) as session:
         return coordinator.workers[app.WORKER].state(session, item_id)
 
@@ -128,7 +128,7 @@ def status(coordinator: Coordinator, engine: Engine, item_id: int) -> ExecutionS
 
 def unfinished_states(
     coordinator: Coordinator, engine: Engine, item_ids: Sequence[int]
-) -> dict[int, dict[str, Any] | None]:
+) -> dict[int, ExecutionState | None]:
     """The states of the items that are not FINISHED, for failure messages."""
     found = {i: state(coordinator, engine, i) for i in item_ids}
     return {

@@ -135,7 +135,7 @@ def test_handler_that_always_kills_its_process_ends_failed(
         assert failed["crashes"] == 3, "the default max_crashes"
         assert failed["attempts"] == 3
         assert failed["error_type"] == "dbworker.WorkerCrashed"
-        assert re.search(exit_description, failed["error"]), failed["error"]
+        assert re.search(exit_description, failed["error"] or ""), failed["error"]
         pids = runs(workdir, item_id)
         # Exactly max_crashes runs (none after FAILED), each in its own process.
         assert len(pids) == 3, pids

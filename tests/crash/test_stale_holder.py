@@ -199,7 +199,7 @@ def test_frozen_coordinator_cannot_commit_after_takeover(
         time.sleep(0.5)
         os.kill(first.pid, signal.SIGCONT)
         wait_until(
-            lambda: "source_id=1 attempt=1 lost its claim" in log.read_text(),
+            lambda: f"[{app.WORKER} 1 #1]: item lost its claim" in log.read_text(),
             "the first coordinator to learn that it lost the claim",
             diagnose=log.read_text,
         )

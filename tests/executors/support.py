@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dbworker import (
     Coordinator,
+    ExecutionState,
     ExecutionStatus,
     Inline,
     Pool,
@@ -174,7 +175,7 @@ class Rig:
 
     def state(
         self, coordinator: Coordinator, item_id: int, worker: str = app.WORKER
-    ) -> dict[str, Any] | None:
+    ) -> ExecutionState | None:
         with Session(self.engine) as session:
             return coordinator.workers[worker].state(session, item_id)
 

@@ -108,7 +108,8 @@ def test_mysql_flow_with_pymysql(database_url: str, tmp_path: Path) -> None:
         h.wait_for_status(coordinator, "flaky", [2, 3, 4], FINISHED)
         h.wait_for_status(coordinator, "flaky", [1], FAILED)
         state = h.state(coordinator, "flaky", 1)
-        assert state is not None and "ValueError: flaky item 1 failed" in state["error"]
+        assert state is not None and state["error"] is not None
+        assert "ValueError: flaky item 1 failed" in state["error"]
 
 
 # -- Unfinished --------------------------------------------------------------------------

@@ -205,28 +205,29 @@ ITEM_CONTEXT = ("worker", "source_id", "attempt")
 
 
 def about_an_item(record: logging.LogRecord) -> bool:
-    """A record is about an item when it names one (``source_id=`` in the message),
-    or carries any of the item attributes."""
-    return "source_id=" in record.getMessage() or any(
-        hasattr(record, name) for name in ITEM_CONTEXT
+    """A record is about an item when it says so ("item ..." in the message, as every
+    such message of dbworker's does), or names a worker or source_id."""
+    return (
+        record.getMessage().startswith("item")
+        or record.__dict__.get("worker") is not None
+        or record.__dict__.get("source_id") is not None
     )
 
 
 def missing_item_context(record: logging.LogRecord) -> list[str]:
-    """What an item record lacks: attributes, or their ``name=`` in the message."""
+    """What an item record lacks (an attribute) or repeats (``name=`` in the message)."""
     message = record.getMessage()
-    missing = [f"attribute {name}" for name in ITEM_CONTEXT if not hasattr(record, name)]
-    for name in ITEM_CONTEXT:
-        value = getattr(record, name, None)
-        expected = f"{name}={value!r}" if name == "source_id" else f"{name}={value}"
-        if expected not in message:
-            missing.append(f"{expected!r} in the message")
+    missing = [f"attribute {name}" for name in ITEM_CONTEXT if record.__dict__.get(name) is None]
+    missing += [f"no {name}= in the message" for name in ITEM_CONTEXT if f"{name}=" in message]
     return missing
 
 
 def check_item_records(records: Sequence[logging.LogRecord]) -> list[logging.LogRecord]:
-    """Assert every record about an item carries worker, source_id and attempt, as
-    attributes and in its message; return the item records."""
+    """Assert every record carries the worker, source_id and attempt attributes, and
+    that those about an item set them and do not repeat them in the message; return
+    the item records."""
+    bare = [r.getMessage()[:300] for r in records if not all(hasattr(r, n) for n in ITEM_CONTEXT)]
+    assert not bare, f"dbworker records without the item attributes: {bare}"
     items = [record for record in records if about_an_item(record)]
     problems = [
         f"{record.levelname} {record.getMessage()[:300]!r}: lacks {', '.join(missing)}"

@@ -8,6 +8,8 @@ need no handler processes; the ``run`` tests start the real thing.
 
 from __future__ import annotations
 
+import datetime as dt
+import importlib.metadata
 import json
 import os
 import signal
@@ -16,12 +18,12 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import inspect, select
 
 from dbworker import Coordinator, ExecutionStatus
+from dbworker.logs import ITEM_ATTRIBUTES
 from waiting import pid_alive
 
 from . import app
@@ -35,21 +37,22 @@ DBWORKER = Path(sys.executable).with_name("dbworker")
 COMMAND_TIMEOUT = 120.0
 
 
-def environment(url: str) -> dict[str, str]:
+def environment(url: str, **extra: str) -> dict[str, str]:
     # The command must import the test package (and handler processes the handler).
     path = os.pathsep.join(p for p in sys.path if p)
-    return {**os.environ, URL_ENV: url, "PYTHONPATH": path}
+    environ = {k: v for k, v in os.environ.items() if k != "DBWORKER_APP"}
+    return {**environ, URL_ENV: url, "PYTHONPATH": path, **extra}
 
 
 def dbworker(
-    url: str, *args: str, cwd: Path, module: bool = False
+    url: str, *args: str, cwd: Path, module: bool = False, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``dbworker ARGS`` (or ``python -m dbworker ARGS``) to completion."""
     assert DBWORKER.exists(), f"the dbworker entry point is not installed at {DBWORKER}"
     program = [sys.executable, "-m", "dbworker"] if module else [str(DBWORKER)]
     return subprocess.run(
         [*program, *args],
-        env=environment(url),
+        env=environment(url, **(env or {})),
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -272,11 +275,11 @@ def test_python_dash_m(ops: Site) -> None:
 
 
 @contextmanager
-def running(s: Site, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def running(s: Site, log: Path, *options: str) -> Iterator[subprocess.Popen[bytes]]:
     """``dbworker run --create-tables`` in its own session; killed at exit if still alive."""
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(DBWORKER), "run", REFERENCE, "--create-tables"],
+            [str(DBWORKER), "run", REFERENCE, "--create-tables", *options],
             env=environment(s.url),
             cwd=s.workdir,
             stdin=subprocess.DEVNULL,
@@ -353,7 +356,7 @@ def test_run_second_sigint_stops_at_once(ops: Site, tmp_path: Path) -> None:
         assert wait_for_exit(process, log) == 0
     assert not pid_alive(handler_pid)
 
-    state: dict[str, Any] | None = ops.state(reader, "jobs", 1)
+    state = ops.state(reader, "jobs", 1)
     assert state is not None
     assert state["execution_status"] is ExecutionStatus.UNFINISHED
     # Released, not crashed: claimable at once, and no crash counted against it.
@@ -365,3 +368,164 @@ def test_run_second_sigint_stops_at_once(ops: Site, tmp_path: Path) -> None:
     report = reader.drain(workers=["jobs"])
     assert [(i.source_id, i.outcome) for i in report.items] == [(1, "finished")]
     assert ops.effects() == {1: 1}
+
+
+def test_run_logs_json_lines_with_the_item_attributes(ops: Site, tmp_path: Path) -> None:
+    reader = twin(ops)
+    ops.add_jobs([1], app.QUICK)
+    log = tmp_path / "run.log"
+    with running(ops, log, "--json") as process:
+        wait_until(lambda: "dbworker_quick" in inspect(ops.engine).get_table_names(), "tables")
+        ops.wait_for_status(reader, "jobs", [1], ExecutionStatus.FINISHED)
+        ops.wait_for_status(reader, "quick", [1], ExecutionStatus.FINISHED)
+        process.send_signal(signal.SIGTERM)
+        assert wait_for_exit(process, log) == 0
+    lines = [line for line in log.read_text().splitlines() if line]
+    records = [json.loads(line) for line in lines]  # every line: the run's output is JSON
+    for record in records:
+        assert set(record) >= {"time", "level", "logger", "message", *ITEM_ATTRIBUTES}, record
+        moment = dt.datetime.fromisoformat(record["time"])
+        assert moment.tzinfo is not None and "T" in record["time"], record
+    finished = [r for r in records if r["message"].startswith("item finished in ")]
+    assert {(r["worker"], r["source_id"], r["attempt"]) for r in finished} == {
+        ("jobs", 1, 1),
+        ("quick", 1, 1),
+    }
+    assert any(r["message"].startswith("SIGTERM: stopping") for r in records), records
+
+
+# -- options, references and exit statuses ------------------------------------------------------
+
+
+@pytest.mark.backends("sqlite")
+def test_json_before_or_after_the_command(ops: Site) -> None:
+    worked(ops)
+    before = json.loads(ok(dbworker(ops.url, "--json", "status", REFERENCE, cwd=ops.workdir)))
+    after = json.loads(ok(dbworker(ops.url, "status", REFERENCE, "--json", cwd=ops.workdir)))
+    assert before == after
+    assert before["jobs"]["failed"] == 2
+
+
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_an_unknown_log_level_is_a_usage_error(ops: Site, where: str) -> None:
+    option = ["--log-level", "LOUD"]
+    args = [*option, "status", REFERENCE] if where == "before" else ["status", REFERENCE, *option]
+    result = dbworker(ops.url, *args, cwd=ops.workdir)
+    assert result.returncode == 2
+    assert "argument --log-level: invalid choice: 'LOUD'" in result.stderr
+    assert "DEBUG" in result.stderr and "CRITICAL" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.backends("sqlite")
+def test_debug_shows_dbworkers_records_not_every_librarys(ops: Site) -> None:
+    worked(ops)
+    result = dbworker(ops.url, "status", REFERENCE, "--log-level", "debug", cwd=ops.workdir)
+    ok(result)
+    assert f"DEBUG dbworker: loaded {REFERENCE}: workers jobs, quick, database sqlite:///" in (
+        result.stderr
+    )
+    # SQLAlchemy logs every statement at DEBUG; those are not dbworker's to show.
+    assert "sqlalchemy" not in result.stderr, result.stderr
+
+
+def test_version() -> None:
+    result = subprocess.run(
+        [str(DBWORKER), "--version"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+    )
+    assert result.returncode == 0
+    assert result.stdout == f"dbworker {importlib.metadata.version('dbworker')}\n"
+
+
+@pytest.mark.backends("sqlite")
+def test_the_coordinator_from_dbworker_app(ops: Site) -> None:
+    worked(ops)
+    env = {"DBWORKER_APP": REFERENCE}
+    counts = json.loads(ok(dbworker(ops.url, "status", "--json", cwd=ops.workdir, env=env)))
+    assert counts["jobs"]["finished"] == 2
+    # The command line wins over the environment.
+    env = {"DBWORKER_APP": f"{CLI_APP}:missing"}
+    ok(dbworker(ops.url, "status", REFERENCE, cwd=ops.workdir, env=env))
+    neither = dbworker(ops.url, "status", cwd=ops.workdir)
+    assert neither.returncode == 2
+    assert "name the application's Coordinator (module:attribute) or set DBWORKER_APP" in (
+        neither.stderr
+    )
+
+
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["run", f"{CLI_APP}:missing"], 2, "has no attribute 'missing'"),
+        (["run", "nomodule:coordinator"], 2, "cannot import 'nomodule'"),
+        (["status", REFERENCE, "--worker", "nope"], 2, "(registered: jobs, quick)"),
+        (["failed", REFERENCE, "--worker", "nope"], 2, "(registered: jobs, quick)"),
+        (["retry", REFERENCE, "nope", "1"], 2, "(registered: jobs, quick)"),
+        (["retry", REFERENCE, "jobs"], 2, "name the ids to retry, or --all"),
+        (["retry", REFERENCE, "jobs", "x"], 2, "'x' is not a valid id for worker 'jobs'"),
+        (["status", REFERENCE], 1, "the worker table(s) dbworker_jobs, dbworker_quick do not"),
+    ],
+    ids=[
+        "run-bad-attribute",
+        "run-no-module",
+        "status-unknown-worker",
+        "failed-unknown-worker",
+        "retry-unknown-worker",
+        "retry-no-ids",
+        "retry-bad-id",
+        "no-tables",
+    ],
+)
+def test_exit_statuses(ops: Site, args: list[str], status: int, message: str) -> None:
+    if args[-1] != REFERENCE:
+        twin(ops).create_worker_tables()
+    result = dbworker(ops.url, *args, cwd=ops.workdir)
+    assert result.returncode == status, result.stderr
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.backends("sqlite")
+def test_status_before_the_tables_exist_says_so(ops: Site) -> None:
+    result = dbworker(ops.url, "status", REFERENCE, cwd=ops.workdir)
+    assert result.returncode == 1
+    assert result.stderr.endswith(
+        "do not exist yet in " + ops.url + ": run `dbworker create-tables` (or your "
+        "migrations) first\n"
+    ), result.stderr
+    ok(dbworker(ops.url, "create-tables", REFERENCE, cwd=ops.workdir))
+    ok(dbworker(ops.url, "status", REFERENCE, cwd=ops.workdir))
+
+
+@pytest.mark.backends("sqlite")
+def test_failed_json_has_iso_8601_timestamps(ops: Site) -> None:
+    worked(ops)
+    items = json.loads(ok(dbworker(ops.url, "failed", REFERENCE, "--json", cwd=ops.workdir)))
+    assert [item["source_id"] for item in items] == [3, 4]
+    for item in items:
+        updated = dt.datetime.fromisoformat(item["updated_at"])
+        assert "T" in item["updated_at"] and updated.utcoffset() == dt.timedelta(0), item
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["run"], ["create-tables"], ["status"], ["failed"], ["retry"]]
+)
+def test_help_is_plain_text(args: list[str]) -> None:
+    result = subprocess.run(
+        [str(DBWORKER), *args, "--help"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+    )
+    assert result.returncode == 0, result.stderr
+    assert "``" not in result.stdout and ":class:" not in result.stdout, result.stdout
+    assert "exit status:" in result.stdout
+    assert "DBWORKER_APP" in result.stdout
+
+
+def test_an_unreachable_database_is_exit_status_1(tmp_path: Path) -> None:
+    # Nothing listens on port 1: the command says why it failed, without a traceback.
+    url = "postgresql+psycopg://nobody@127.0.0.1:1/app?connect_timeout=5"
+    result = dbworker(url, "status", REFERENCE, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("dbworker: OperationalError: "), result.stderr
+    assert "Traceback" not in result.stderr

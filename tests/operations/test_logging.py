@@ -1,5 +1,6 @@
-"""Every log record about an item names it: worker, source_id and attempt, both as
-LogRecord attributes (for structured log pipelines) and in the message (for people)."""
+"""Every log record about an item names it: worker, source_id and attempt, as LogRecord
+attributes (for formats and structured log pipelines), not repeated in the message;
+records about no item carry the attributes too, as None."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dbworker import ExecutionStatus, RetryPolicy
 from . import app
 from .support import Site, check_item_records
 
-OUTCOME = re.compile(r"attempt=\d+ (finished|unfinished|failed|retrying)\b")
+OUTCOME = re.compile(r"^item (finished|unfinished|failed|retrying)\b")
 
 
 def outcomes(records: list[logging.LogRecord]) -> set[tuple[int, int, str]]:

@@ -6,7 +6,7 @@ import datetime as dt
 import os
 import socket
 
-from dbworker import ExecutionStatus
+from dbworker import ExecutionState, ExecutionStatus, FailedItem
 from dbworker.core.tasks import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS
 
 from . import app
@@ -42,20 +42,26 @@ def test_failure_record(ops: Site) -> None:
 
     state = ops.state(coordinator, "records", 1)
     assert state is not None
-    # Exactly the documented fields: in particular no fencing token.
-    assert set(state) == PUBLIC_FIELDS
+    # Exactly the documented fields: in particular no fencing token. The TypedDict
+    # that types them names the same keys.
+    assert set(state) == PUBLIC_FIELDS == ExecutionState.__required_keys__
+    with ops.session_factory() as session:
+        [failed] = coordinator.workers["records"].failed(session)
+    assert set(failed) == FailedItem.__required_keys__
     assert not any("token" in key for key in state)
     assert state["error"] == "PolicyError: job 1 run 1 failed on purpose"
     assert state["error_type"] == f"{app.__name__}.PolicyError"
-    assert state["traceback"].startswith("Traceback (most recent call last):")
-    assert "raise PolicyError(message)" in state["traceback"]
-    assert state["traceback"].rstrip().endswith(state["error"])
+    trace = state["traceback"]
+    assert trace is not None and trace.startswith("Traceback (most recent call last):")
+    assert "raise PolicyError(message)" in trace
+    assert trace.rstrip().endswith(state["error"])
     assert (state["attempts"], state["failures"], state["crashes"]) == (1, 0, 0)
     # The coordinator process claimed it (its handler ran in a child process).
     assert state["owner"] == {"host": socket.gethostname(), "pid": os.getpid()}
     times = [state[key] for key in ("claimed_at", "finished_at", "updated_at")]
     assert all(isinstance(t, dt.datetime) and t.tzinfo is not None for t in times)
     claimed_at, finished_at, updated_at = times
+    assert claimed_at is not None and finished_at is not None and updated_at is not None
     assert claimed_at <= finished_at <= updated_at
     assert (state["lease_expires_at"], state["not_before"]) == (None, None)
 
@@ -63,6 +69,7 @@ def test_failure_record(ops: Site) -> None:
     done = ops.state(coordinator, "records", 2)
     assert done is not None and set(done) == PUBLIC_FIELDS
     assert (done["error"], done["error_type"], done["traceback"]) == (None, None, None)
+    assert done["claimed_at"] is not None and done["finished_at"] is not None
     assert done["claimed_at"] <= done["finished_at"]
 
 
@@ -79,11 +86,13 @@ def test_huge_exception_message_is_stored_bounded(ops: Site) -> None:
     state = ops.state(coordinator, "records", 1)
     assert state is not None
     assert state["error_type"] == "RuntimeError"
-    assert state["error"].startswith("RuntimeError: xxxx")
-    assert len(state["error"]) <= MAX_ERROR_CHARS
-    assert state["error"].endswith("characters cut]")
-    assert len(state["traceback"]) <= MAX_TRACEBACK_CHARS
-    assert state["traceback"].startswith("Traceback (most recent call last):")
+    error, trace = state["error"], state["traceback"]
+    assert error is not None and trace is not None
+    assert error.startswith("RuntimeError: xxxx")
+    assert len(error) <= MAX_ERROR_CHARS
+    assert error.endswith("characters cut]")
+    assert len(trace) <= MAX_TRACEBACK_CHARS
+    assert trace.startswith("Traceback (most recent call last):")
     # Logs are bounded too: a megabyte per failure would swamp any log pipeline.
     longest = max(len(record.getMessage()) for record in logs.snapshot())
     assert longest <= MAX_ERROR_CHARS + 1000

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from dbworker import Coordinator, ExecutionStatus, RetryPolicy
+from dbworker import Coordinator, ExecutionState, ExecutionStatus, RetryPolicy
 
 from . import app
 from .support import Site, wait_until
@@ -29,7 +29,7 @@ def start(ops: Site, name: str, **options: Any) -> Coordinator:
     return coordinator
 
 
-def final_state(ops: Site, coordinator: Coordinator, name: str, job_id: int) -> dict[str, Any]:
+def final_state(ops: Site, coordinator: Coordinator, name: str, job_id: int) -> ExecutionState:
     state = ops.state(coordinator, name, job_id)
     assert state is not None
     return state
@@ -107,6 +107,7 @@ def test_unfinished_delay_is_honoured(ops: Site) -> None:
         if state is None:
             return False
         if state["execution_status"] is ExecutionStatus.UNFINISHED:
+            assert state["not_before"] is not None
             not_before.append(state["not_before"].timestamp())
         return state["execution_status"] is ExecutionStatus.FINISHED
 
@@ -116,6 +117,7 @@ def test_unfinished_delay_is_honoured(ops: Site) -> None:
     (first, _), (second, _) = ops.runs(1)
     state = final_state(ops, coordinator, "later", 1)
     assert state["attempts"] == 2 and state["not_before"] is None
+    assert state["claimed_at"] is not None
     claimed = state["claimed_at"].timestamp()
     # not_before was set after run 1 read the clock; the second claim and run came
     # after not_before.

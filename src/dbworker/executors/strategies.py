@@ -10,7 +10,7 @@ import multiprocessing
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..core.errors import ConfigurationError
 from .base import Executor, TemplateRunner
@@ -46,6 +46,10 @@ class _Choice:
 
     __slots__ = ()
 
+    #: Whether its processes are started by multiprocessing (spawn or forkserver),
+    #: which imports the main module again in each of them.
+    reruns_main: ClassVar[bool] = False
+
     def check_handler(self, worker: str, handler: object, source: type[Any]) -> None:
         """Raise ConfigurationError if this executor cannot run ``handler`` (at registration)."""
 
@@ -62,6 +66,7 @@ class Pool(_Choice):
     max_tasks_per_child: int | None = None
     start_method: str | None = None
     prefetch: int = DEFAULT_PREFETCH
+    reruns_main: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         _check_max_tasks(self.max_tasks_per_child)
@@ -92,6 +97,7 @@ class SpawnPerTask(_Choice):
     """
 
     start_method: str | None = None
+    reruns_main: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         _check_start_method(self.start_method)

@@ -38,8 +38,6 @@ class WorkerState:
     discovery: DiscoverySchedule = field(default_factory=DiscoverySchedule)
 
     def item(self, source_id: Any, attempt: int | str) -> tuple[str, dict[str, Any]]:
-        """How log records name an item: in the message and as attributes (``extra``),
-        so log pipelines can filter by worker, source_id and attempt."""
-        name = self.worker.name
-        where = f"worker={name} source_id={source_id!r} attempt={attempt}"
-        return where, {"worker": name, "source_id": source_id, "attempt": attempt}
+        """How log records name an item: as attributes (``extra``), which formats and
+        log pipelines use (see ``dbworker.logs``); the message only says "item"."""
+        return "item", {"worker": self.worker.name, "source_id": source_id, "attempt": attempt}

@@ -1,28 +1,4 @@
-"""A guided run of dbworker on an embedded SQLite file: ``python -m dbworker.demo``.
-
-No server is needed. The demo builds a small application (a ``documents`` table),
-registers two workers on it and lets them do real work in child processes:
-
-* ``summarize`` reads a document one paragraph per invocation, committing its
-  progress with ``Unfinished()`` until the last paragraph, then ``Finished()``.
-  One document contains a paragraph the handler cannot read, so it ends FAILED.
-* ``publish`` writes one row to ``publications`` per document, but only for
-  documents whose ``summarize`` execution is FINISHED: its ``eligible`` query uses
-  ``coordinator.has_execution_status``.
-
-Half of the documents exist before ``start()``; the rest are inserted while the
-workers run, and are picked up without any enqueue call. Once everything settles
-the demo repairs the broken document, calls ``reset_failed()`` and watches both
-workers complete it. Finally it stops the coordinator, prints a summary per worker
-and status, and checks the application's own tables: every document summarized
-once and published exactly once.
-
-The exit status is 0 when those checks pass. ``--help`` lists the options (number
-of documents, concurrency, database file, ...).
-
-The handlers and models live at module scope here because the worker processes
-import this module to find them.
-"""
+"""Running the demo: the documents, the progress display, the repair, the checks."""
 
 from __future__ import annotations
 
@@ -37,14 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import (
     Engine,
-    ForeignKey,
-    Select,
-    String,
-    Text,
     case,
     create_engine,
     func,
@@ -52,175 +23,34 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import URL
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
-from dbworker import Coordinator, ExecutionStatus, Finished, Outcome, Unfinished
+from dbworker import Coordinator, ExecutionStatus
 
-#: Simulated cost of reading one paragraph. The handler holds no transaction meanwhile.
-STEP_SECONDS = 0.1
-#: What a paragraph that the summarizer cannot read looks like.
-UNREADABLE = "[page missing]"
+from .app import (
+    PUBLISH_CONCURRENCY,
+    Base,
+    Document,
+    Publication,
+    build_coordinator,
+    make_documents,
+    paragraphs,
+    repaired,
+)
+
 PROGRESS_EVERY_SECONDS = 0.5
 #: New documents arrive in batches while the workers run.
 ARRIVAL_BATCH = 5
 ARRIVAL_EVERY_SECONDS = 0.4
-PUBLISH_CONCURRENCY = 2
 
 DEFAULT_DB = Path("demo-data") / "demo.sqlite"
 SUMMARY_COLUMNS: tuple[tuple[str, ExecutionStatus | None], ...] = (
-    ("not claimed", None),
+    ("pending", None),
     ("working", ExecutionStatus.WORKING),
     ("unfinished", ExecutionStatus.UNFINISHED),
     ("finished", ExecutionStatus.FINISHED),
     ("failed", ExecutionStatus.FAILED),
 )
-
-
-# --- The application ------------------------------------------------------------------
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Document(Base):
-    __tablename__ = "documents"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    title: Mapped[str] = mapped_column(String(200))
-    body: Mapped[str] = mapped_column(Text)
-    # The summarizer's position lives in the application's row: each invocation
-    # starts the handler from the top, and this says where the work stands.
-    paragraphs_read: Mapped[int] = mapped_column(default=0)
-    words: Mapped[int] = mapped_column(default=0)
-    notes: Mapped[str] = mapped_column(Text, default="")
-    summary: Mapped[str | None] = mapped_column(Text)
-
-
-class Publication(Base):
-    __tablename__ = "publications"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    # Unique: a second publication of one document would fail loudly, so the final
-    # check that every document has exactly one row is meaningful.
-    document_id: Mapped[int] = mapped_column(ForeignKey("documents.id"), unique=True)
-    slug: Mapped[str] = mapped_column(String(250))
-    blurb: Mapped[str] = mapped_column(Text)
-
-
-def paragraphs(body: str) -> list[str]:
-    return body.split("\n\n")
-
-
-def read_paragraph(paragraph: str) -> int:
-    """The slow part of summarizing: returns the paragraph's word count."""
-    time.sleep(STEP_SECONDS)
-    if UNREADABLE in paragraph:
-        raise ValueError(f"cannot read paragraph {paragraph!r}")
-    return len(paragraph.split())
-
-
-# --- Handlers: run in worker processes --------------------------------------------------
-
-
-def summarize(document: Document, session: Session) -> Outcome:
-    """Read one more paragraph of ``document``; Finished after the last one."""
-    document_id, position = document.id, document.paragraphs_read
-    parts = paragraphs(document.body)
-    # On SQLite the handler's transaction holds the database's only write lock from
-    # its first statement: end it before the slow part (values were copied above).
-    session.rollback()
-    words = read_paragraph(parts[position])
-    # A new transaction: the writes below commit together with the status change.
-    document = session.get_one(Document, document_id)
-    document.paragraphs_read = position + 1
-    document.words += words
-    document.notes += parts[position].split(". ")[0].rstrip(".") + ". "
-    if document.paragraphs_read < len(parts):
-        return Unfinished()
-    document.summary = f"{document.notes.strip()} ({document.words} words)"
-    return Finished()
-
-
-def publish(document: Document, session: Session) -> Finished:
-    slug = "-".join(document.title.lower().split())
-    session.add(Publication(document_id=document.id, slug=slug, blurb=document.summary or ""))
-    return Finished()
-
-
-# --- Wiring -------------------------------------------------------------------------------
-
-
-def build_coordinator(
-    session_factory: sessionmaker[Session], url: URL, concurrency: int
-) -> Coordinator:
-    # Short polls keep a demo of a few seconds lively; the defaults suit a service.
-    coordinator = Coordinator(
-        session_factory, database_url=url, poll_seconds=0.1, max_poll_seconds=0.5
-    )
-    coordinator.transactional_worker(
-        name="summarize",
-        source=Document,
-        eligible=lambda: select(Document).order_by(Document.id),
-        concurrency=concurrency,
-    )(summarize)
-
-    def publishable() -> Select[Document]:
-        summarized = coordinator.has_execution_status(
-            worker="summarize", source_id=Document.id, statuses=(ExecutionStatus.FINISHED,)
-        )
-        return select(Document).where(summarized).order_by(Document.id)
-
-    coordinator.transactional_worker(
-        name="publish", source=Document, eligible=publishable, concurrency=PUBLISH_CONCURRENCY
-    )(publish)
-    return coordinator
-
-
-TOPICS = (
-    "river ecology",
-    "sourdough",
-    "tidal power",
-    "bicycle repair",
-    "moss gardens",
-    "lighthouse keeping",
-    "paper maps",
-    "beekeeping",
-    "night trains",
-    "glass blowing",
-)
-SENTENCES = (
-    "It has a long history",
-    "Most of the practical details are easy to get wrong",
-    "A few careful measurements settle the common arguments",
-    "Beginners usually overestimate the equipment they need",
-    "The best results come from patience rather than speed",
-    "Local knowledge matters more than any manual",
-)
-
-
-def make_documents(count: int, broken: int, rng: random.Random) -> list[Document]:
-    """``count`` documents of one to four paragraphs; document number ``broken`` has an
-    unreadable second paragraph."""
-    documents = []
-    for number in range(1, count + 1):
-        topic = TOPICS[(number - 1) % len(TOPICS)]
-        parts = [
-            ". ".join([f"On {topic}, part {p}", *rng.sample(SENTENCES, 3)]) + "."
-            for p in range(1, rng.randint(1, 4) + 1)
-        ]
-        if number == broken:
-            parts = [parts[0], f"{UNREADABLE} Scanning failed here.", *parts[1:]]
-        title = f"Notes on {topic} {number}"
-        documents.append(Document(id=number, title=title, body="\n\n".join(parts)))
-    return documents
-
-
-def repaired(body: str) -> str:
-    return "\n\n".join(
-        "This page was rescanned. It reads fine now." if UNREADABLE in part else part
-        for part in paragraphs(body)
-    )
 
 
 # --- Observing ------------------------------------------------------------------------------
@@ -257,7 +87,7 @@ def snapshot(session_factory: sessionmaker[Session], coordinator: Coordinator) -
 
 def progress_line(elapsed: float, counts: Counts) -> str:
     short = {
-        None: "new",
+        None: "pend",
         ExecutionStatus.WORKING: "work",
         ExecutionStatus.UNFINISHED: "unfin",
         ExecutionStatus.FINISHED: "fin",
@@ -548,15 +378,3 @@ def verify(session_factory: sessionmaker[Session], counts: Counts, items: int) -
     if published != list(range(1, items + 1)):
         problems.append(f"publications cover documents {published}, expected 1..{items}")
     return problems
-
-
-def _run_as_script() -> Any:
-    # Import the module under its real name so the handlers pickle as
-    # dbworker.demo.summarize (importable by the workers), not __main__.summarize.
-    from dbworker.demo import main as real_main
-
-    return real_main()
-
-
-if __name__ == "__main__":
-    sys.exit(_run_as_script())

@@ -1,0 +1,91 @@
+"""dbworker's logger: the item attributes its records carry, and the command line's formats.
+
+Every record of the ``dbworker`` logger carries ``worker``, ``source_id`` and
+``attempt`` (``None`` on records about no item, such as a handler process that
+could not start), so a format such as ``"%(worker)s %(source_id)s %(message)s"``
+never fails on one of them, and log pipelines can filter on the attributes. The
+messages do not repeat them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+LOGGER_NAME = "dbworker"
+ITEM_ATTRIBUTES = ("worker", "source_id", "attempt")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ItemAttributes(logging.Filter):
+    """Gives every record the item attributes, ``None`` where the caller named no item."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name in ITEM_ATTRIBUTES:
+            record.__dict__.setdefault(name, None)
+        return True
+
+
+def logger() -> logging.Logger:
+    """The ``dbworker`` logger, with ``ItemAttributes`` installed (once per process)."""
+    log = logging.getLogger(LOGGER_NAME)
+    # A logger's filters see only the records logged on it, not those of child
+    # loggers: every dbworker module logs on this one logger for that reason.
+    if not any(isinstance(f, ItemAttributes) for f in log.filters):
+        log.addFilter(ItemAttributes())
+    return log
+
+
+def timestamp(record: logging.LogRecord) -> str:
+    """The record's time in ISO 8601, UTC, to the millisecond."""
+    moment = datetime.fromtimestamp(record.created, UTC)
+    return moment.isoformat(timespec="milliseconds")
+
+
+class TextFormatter(logging.Formatter):
+    """``TIME LEVEL LOGGER [worker source_id #attempt]: message``, the bracket only for
+    records about an item; also for other libraries' records, which lack the attributes."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        worker = record.__dict__.get("worker")
+        item = ""
+        if worker is not None:
+            item = f" [{worker} {record.__dict__.get('source_id')!r}"
+            attempt = record.__dict__.get("attempt")
+            item += f" #{attempt}]" if attempt is not None else "]"
+        line = f"{timestamp(record)} {record.levelname} {record.name}{item}: {record.getMessage()}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (ISO 8601), level, logger, message, the item
+    attributes, and the formatted exception if there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": timestamp(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in ITEM_ATTRIBUTES:
+            entry[name] = record.__dict__.get(name)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure(level: str, *, json_lines: bool, stream: TextIO) -> None:
+    """The command line's logging: dbworker's records from ``level`` up, other
+    libraries' from WARNING up (their DEBUG records, SQLAlchemy's statements among
+    them, would drown dbworker's), all on ``stream``."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    logger().setLevel(level)
