@@ -20,6 +20,7 @@ from sqlalchemy import select
 from dbworker.core.status import Phase
 from dbworker.core.tasks import Result, ResultKind, Task
 from dbworker.executors.pool import ProcessPool
+from dbworker.executors.process import send
 from dbworker.invocation import ChildConfig, ProcessRunner, Runtime
 
 from . import app
@@ -39,7 +40,7 @@ class AnswersThenExits:
     def is_alive(self) -> bool:
         if self.last_words is not None:
             conn, result = self.last_words
-            conn.send(result)
+            send(conn, result)
             self.last_words = None
         return False
 

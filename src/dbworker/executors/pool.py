@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
 from .base import Executor, Runner
-from .process import CANCEL, READY, SKIPPED, child_main, describe_exit
+from .process import CANCEL, READY, SKIPPED, child_main, describe_exit, receive, send
 
 #: How long shutdown waits for an idle child to exit before killing it.
 EXIT_GRACE_SECONDS = 5.0
@@ -251,7 +251,7 @@ class ProcessPool(Executor):
             child.tasks.append(task)
             # If the child is dead, collect() reports the crash for this task.
             with contextlib.suppress(OSError, EOFError):
-                child.conn.send(task_message(task, self._payloads[task.worker]))
+                send(child.conn, task_message(task, self._payloads[task.worker]))
             if not self._takes_more(child, now):
                 ready.remove(child)
 
@@ -376,7 +376,7 @@ class ProcessPool(Executor):
 
     def _check_ready(self, child: _Child) -> None:
         try:
-            if child.conn.poll() and self._ready_message(child, child.conn.recv()):
+            if child.conn.poll() and self._ready_message(child, receive(child.conn)):
                 child.ready = True
                 self._startup_failures = 0
                 return
@@ -407,7 +407,7 @@ class ProcessPool(Executor):
     def _receive(child: _Child) -> Any:
         try:
             if child.readable():
-                return child.conn.recv()
+                return receive(child.conn)
         except (EOFError, OSError):
             pass
         return None
@@ -418,7 +418,7 @@ class ProcessPool(Executor):
         # renewals and claims) for each recycled child: on every item under spawn.
         child = self._children[index]
         with contextlib.suppress(OSError):
-            child.conn.send(None)
+            send(child.conn, None)
         child.conn.close()
         self._retiring.append((child.process, time.monotonic() + EXIT_GRACE_SECONDS))
         self._children[index] = self._spawn()
@@ -458,7 +458,7 @@ class ProcessPool(Executor):
                 # (or, if it has started it meanwhile, is stopped then).
                 self._cancelled.add(task_key)
                 with contextlib.suppress(OSError):
-                    child.conn.send((CANCEL, task_key))
+                    send(child.conn, (CANCEL, task_key))
             return True
         return False
 
@@ -473,7 +473,7 @@ class ProcessPool(Executor):
         for child in self._children:
             with contextlib.suppress(OSError):
                 if not child.tasks:
-                    child.conn.send(None)
+                    send(child.conn, None)
                 else:
                     child.process.kill()
         deadline = time.monotonic() + EXIT_GRACE_SECONDS

@@ -7,6 +7,7 @@ import _thread
 import collections
 import contextlib
 import os
+import pickle
 import select
 import signal
 import time
@@ -26,6 +27,21 @@ READY = "ready"
 CANCEL = "cancel"
 #: (SKIPPED, [task keys]) or (SKIPPED, [task keys], result): withdrawn tasks skipped.
 SKIPPED = "skipped"
+
+
+def send(conn: Connection, message: Any) -> None:
+    """Send ``message`` to the other end of a handler process's pipe.
+
+    Plain pickles, not ``Connection.send``: multiprocessing's pickler (which can also
+    pass file descriptors, not needed here) costs more than the rest of sending a
+    short task's result, and one crosses for every invocation.
+    """
+    conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn: Connection) -> Any:
+    """The next message ``send`` sent over ``conn``."""
+    return pickle.loads(conn.recv_bytes())
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -82,7 +98,7 @@ def child_main(conn: Connection, runner: Runner, parent_pid: int) -> None:
     watch_parent(parent_pid)
     try:
         runner.warm_up()
-        conn.send(READY)
+        send(conn, READY)
         with contextlib.suppress(EOFError, OSError):
             serve(conn, runner)
     finally:
@@ -111,7 +127,7 @@ def serve(conn: Connection, runner: Runner) -> None:
 
     def read_arrived() -> bool:
         while conn.poll():
-            if not read(conn.recv()):
+            if not read(receive(conn)):
                 return False
         return True
 
@@ -123,27 +139,27 @@ def serve(conn: Connection, runner: Runner) -> None:
             skipped.append(key)
         return skipped
 
-    if not read(conn.recv()):
+    if not read(receive(conn)):
         return
     while True:
         if not read_arrived():
             return
         skipped = skip_withdrawn()
         if skipped:
-            conn.send((SKIPPED, skipped))
+            send(conn, (SKIPPED, skipped))
         if not waiting:
-            if not read(conn.recv()):
+            if not read(receive(conn)):
                 return
             continue
         result = answer(runner, waiting.popleft())
         if not read_arrived():
-            conn.send(result)
+            send(conn, result)
             return
         skipped = skip_withdrawn()
         # Sent with the result: when the coordinator reads it, it knows the next task
         # has started (or that there is none).
-        conn.send(result if not skipped else (SKIPPED, skipped, result))
-        if not waiting and not read(conn.recv()):
+        send(conn, result if not skipped else (SKIPPED, skipped, result))
+        if not waiting and not read(receive(conn)):
             return
 
 

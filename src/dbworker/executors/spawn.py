@@ -43,7 +43,7 @@ from typing import Any
 from ..core.tasks import Task
 from .base import TemplateRunner
 from .pool import ProcessHandle, ProcessPool, default_start_method
-from .process import READY, answer, watch_parent
+from .process import READY, answer, receive, send, watch_parent
 
 #: How many exit statuses of processes not (yet) known by pid are kept.
 MAX_UNCLAIMED_STATUSES = 4096
@@ -153,10 +153,10 @@ def _forked(
         conn = Connection(channel)
         lent = runner.forked(lane)
         try:
-            conn.send((READY, os.getpid()))
-            message = conn.recv()
+            send(conn, (READY, os.getpid()))
+            message = receive(conn)
             if message is not None:
-                conn.send(answer(runner, message))
+                send(conn, answer(runner, message))
         except (EOFError, OSError):
             pass  # the coordinator let this process go (shutdown) or died
         status = runner.leave(lane, lent)
