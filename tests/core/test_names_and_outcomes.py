@@ -100,3 +100,27 @@ def test_outcomes_are_immutable_values() -> None:
     assert Finished() == Finished()
     with pytest.raises(AttributeError):
         Unfinished(1).delay = 2  # type: ignore[misc]
+
+
+def test_a_task_payload_is_unpickled_once_per_process() -> None:
+    import pickle
+
+    from dbworker.core import tasks
+
+    payload = pickle.dumps((print, int, None))
+    first = tasks.task_from_message((("w", 1, 1, 1, 0), payload))
+    again = tasks.task_from_message((("w", 2, 1, 1, 0), payload))
+    assert isinstance(first, tasks.Task) and isinstance(again, tasks.Task)
+    assert (again.handler, again.source, again.source_id) == (print, int, 2)
+    assert tasks._decoded[payload] == (print, int, None)
+
+
+def test_a_payload_that_cannot_be_unpickled_is_reported_each_time() -> None:
+    from dbworker.core import tasks
+
+    broken = b"not a pickle"
+    for _ in range(2):
+        result = tasks.task_from_message((("w", 1, 1, 1, 0), broken))
+        assert isinstance(result, tasks.Result)
+        assert result.kind is tasks.ResultKind.UNRECORDED
+    assert broken not in tasks._decoded

@@ -143,12 +143,25 @@ def task_message(task: Task, payload: bytes) -> TaskMessage:
     return (task.worker, task.source_id, task.token, task.attempt, task.failures), payload
 
 
+#: Payloads already unpickled in this process: every task of a worker carries the same
+#: one, and unpickling it imports by name each time. Bounded, for processes that serve
+#: many workers (or workers whose payload changes when their module is reloaded).
+MAX_DECODED_PAYLOADS = 64
+_decoded: dict[bytes, tuple[Callable[..., Any], type[Any], RetryPolicy | None]] = {}
+
+
 def task_from_message(message: TaskMessage) -> Task | Result:
     """The task ``message`` carries, or an UNRECORDED result when its handler cannot
     be imported in this process."""
     (worker, source_id, token, attempt, failures), payload = message
     try:
-        handler, source, retry = pickle.loads(payload)
+        decoded = _decoded.get(payload)
+        if decoded is None:
+            decoded = pickle.loads(payload)
+            if len(_decoded) >= MAX_DECODED_PAYLOADS:
+                _decoded.clear()
+            _decoded[payload] = decoded
+        handler, source, retry = decoded
     except Exception as exc:
         info = describe(exc)
         return Result(
