@@ -21,6 +21,14 @@ ALLOWED: dict[str, frozenset[str]] = {
     "dialects": frozenset({"core", "dialects"}),
     "executors": frozenset({"core", "executors"}),
     "invocation": frozenset({"core", "dialects", "schema", "invocation"}),
+    # The scheduler's event interface: plain data and a list of callables, importable
+    # from anywhere (the scheduling loop reports through it) and importing nothing.
+    "events": frozenset({"events"}),
+    # What operators read (backlog, registry, records): the database, never the
+    # scheduling loop or the executors, so the CLI and the dashboard stay read-side.
+    "backlog": frozenset({"core", "dialects", "schema", "worker", "backlog"}),
+    "registry": frozenset({"core", "dialects", "schema", "worker", "backlog", "registry"}),
+    "records_view": frozenset({"core", "dialects", "coordinator", "worker", "records_view"}),
 }
 #: Third-party packages a layer must not import: the core is pure, with no SQL.
 FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {

@@ -1,0 +1,49 @@
+"""Per-worker figures for ``dbworker status`` and the dashboard: from the coordinators'
+cache when a live one refreshed it recently, else measured now (``dbworker.backlog``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from .backlog import measure
+from .registry import Timing, cached_stats, has_table
+
+if TYPE_CHECKING:
+    from .coordinator import Coordinator
+    from .worker import Registration
+
+
+def overview(
+    coordinator: Coordinator, conn: Connection, workers: Sequence[Registration], live: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Each worker's figures, with ``age`` (seconds since measured; 0 when live) and
+    ``source`` (``"live"`` or ``"cache"``)."""
+    cached: dict[str, Any] = {}
+    age = 0.0
+    if not live:
+        timing: Timing = coordinator._registry_timing
+        table = coordinator._registry_table()
+        found = (
+            cached_stats(conn, coordinator._dialect, table, timing)
+            if has_table(conn, table)
+            else None
+        )
+        # Older than a few refreshes means the refreshing coordinator is struggling:
+        # measuring now is better than showing old figures as current.
+        if found is not None and found[1] <= 3 * timing.stats:
+            cached, age = found
+    report: dict[str, dict[str, Any]] = {}
+    for worker in workers:
+        figures = cached.get(worker.name)
+        if figures is not None:
+            report[worker.name] = {**figures, "age": age, "source": "cache"}
+        else:
+            report[worker.name] = {
+                **measure(conn, coordinator._dialect, worker),
+                "age": 0.0,
+                "source": "live",
+            }
+    return report
