@@ -29,6 +29,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "backlog": frozenset({"core", "dialects", "schema", "worker", "backlog"}),
     "registry": frozenset({"core", "dialects", "schema", "worker", "backlog", "registry"}),
     "records_view": frozenset({"core", "dialects", "coordinator", "worker", "records_view"}),
+    # Metrics listen to events and read the coordinator's gauges; no SQL of their own.
+    "metrics": frozenset({"core", "events", "coordinator", "metrics"}),
 }
 #: Third-party packages a layer must not import: the core is pure, with no SQL.
 FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {

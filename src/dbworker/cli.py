@@ -29,6 +29,7 @@ from .core.errors import ConfigurationError, DBWorkerError, UnknownWorkerError
 from .core.status import ExecutionStatus
 from .logs import LEVELS, logger
 from .logs import configure as configure_logging
+from .metrics import prometheus_metrics
 from .overview import overview
 from .records_view import item_record
 from .registry import has_table, list_coordinators
@@ -146,6 +147,15 @@ def cmd_run(coordinator: Coordinator, args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.metrics_port is not None:
+        metrics = prometheus_metrics(coordinator)
+        try:
+            metrics.serve(args.metrics_port, args.metrics_host)
+        except OSError as exc:
+            raise DBWorkerError(
+                f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}"
+            ) from None
+        log.info("metrics at http://%s:%d/metrics", args.metrics_host, args.metrics_port)
     coordinator.start()
     while not coordinator.wait(timeout=0.5):
         pass
@@ -443,6 +453,18 @@ def parser() -> argparse.ArgumentParser:
         "run", "start the coordinator; SIGTERM or SIGINT stops it gracefully, a second one at once"
     )
     run.add_argument("--create-tables", action="store_true", help="create worker tables first")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help="serve Prometheus metrics on port N (needs the dbworker[prometheus] extra)",
+    )
+    run.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address the metrics are served on (default 127.0.0.1; 0.0.0.0 for all)",
+    )
     run.set_defaults(handler=cmd_run)
     command("create-tables", "create the worker tables (idempotent)").set_defaults(
         handler=cmd_create_tables

@@ -491,6 +491,29 @@ class Coordinator:
             return Health()
         return Health.of(self._scheduler.health)
 
+    def _live_counts(self) -> dict[str, tuple[int, int]]:
+        """Per worker: (handlers running, claims held), read from another thread (a
+        metrics scrape) while the scheduler changes them, so by copies."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return {}
+        counts = {}
+        for name, state in scheduler.states.items():
+            for _ in range(3):  # the scheduler resized the dict mid-copy: copy again
+                try:
+                    held = list(state.held.items())
+                    break
+                except RuntimeError:
+                    held = []
+            executor = state.executor
+            running = sum(_has_started(executor, (name, key, h.token)) for key, h in held)
+            counts[name] = (running, len(held))
+        return counts
+
+    def _cached_stats(self) -> tuple[dict[str, Any], float] | None:
+        heartbeat = self._heartbeat
+        return None if heartbeat is None else heartbeat.latest
+
     def __enter__(self) -> Coordinator:
         self.start()
         return self
@@ -542,6 +565,15 @@ class _Workers(Mapping[str, Worker]):
 
     def __repr__(self) -> str:
         return f"<workers {sorted(self._workers)}>"
+
+
+def _has_started(executor: Executor, key: tuple[str, Any, int]) -> bool:
+    # Executors are the scheduling thread's: a task ending mid-read (its queue
+    # emptied between a length check and an index) only means it is not running.
+    try:
+        return executor.started(key) is not None
+    except (IndexError, RuntimeError, KeyError):
+        return False
 
 
 def _pid() -> int:

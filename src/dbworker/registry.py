@@ -19,6 +19,7 @@ import json
 import logging
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -154,6 +155,9 @@ class Heartbeat:
         self._on_error = on_error
         self._failing = False
         self._next_stats = 0.0
+        #: The latest expensive figures, this coordinator's or another's, with when
+        #: (``time.monotonic()``) they were measured: for the metrics' gauges.
+        self.latest: tuple[dict[str, Any], float] | None = None
 
     def start(self) -> None:
         """Register (in the caller's thread, so that a start-up error is raised here)."""
@@ -174,8 +178,6 @@ class Heartbeat:
             log.warning("dbworker: could not remove this coordinator's registry row: %s", exc)
 
     def _run(self) -> None:
-        import time
-
         while not self._stop.wait(self.timing.heartbeat):
             try:
                 self.beat()
@@ -212,9 +214,11 @@ class Heartbeat:
             if not force:
                 cached = cached_stats(conn, self.dialect, self.table, self.timing)
                 if cached is not None and cached[1] < self.timing.stats:
+                    self.latest = (cached[0], time.monotonic() - cached[1])
                     return False
             stats = {w.name: measure(conn, self.dialect, w) for w in self.workers}
             conn.rollback()
+        self.latest = (stats, time.monotonic())
         with self.engine.begin() as conn:
             conn.execute(
                 update(self.table)

@@ -13,13 +13,16 @@ import importlib.metadata
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import inspect, select
 from sqlalchemy.engine import make_url
 
@@ -407,6 +410,30 @@ def test_run_registers_logs_a_banner_and_unregisters(ops: Site, tmp_path: Path) 
         json.loads(ok(dbworker(ops.url, "coordinators", REFERENCE, "--json", cwd=ops.workdir)))
         == []
     )
+
+
+def test_run_serves_metrics(ops: Site, tmp_path: Path) -> None:
+    reader = twin(ops)
+    ops.add_jobs([1, 2], app.QUICK)
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "run.log"
+    with running(ops, log, "--metrics-port", str(port)) as process:
+        wait_for_log(log, f"metrics at http://127.0.0.1:{port}/metrics")
+        ops.wait_for_status(reader, "jobs", [1, 2], ExecutionStatus.FINISHED)
+        ops.wait_for_status(reader, "quick", [1, 2], ExecutionStatus.FINISHED)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        process.send_signal(signal.SIGTERM)
+        assert wait_for_exit(process, log) == 0
+    finished = {
+        sample.labels["worker"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "dbworker_items_finished_total"
+    }
+    assert finished == {"jobs": 2.0, "quick": 2.0}
 
 
 def test_run_second_sigint_stops_at_once(ops: Site, tmp_path: Path) -> None:
