@@ -31,6 +31,12 @@ ALLOWED: dict[str, frozenset[str]] = {
     "records_view": frozenset({"core", "dialects", "coordinator", "worker", "records_view"}),
     # Metrics listen to events and read the coordinator's gauges; no SQL of their own.
     "metrics": frozenset({"core", "events", "coordinator", "metrics"}),
+    "overview": frozenset({"backlog", "registry", "coordinator", "worker", "overview"}),
+    # The dashboard reads what the CLI reads and resets through Worker: never the
+    # scheduler, dialects or executors directly.
+    "dashboard": frozenset(
+        {"core", "overview", "records_view", "registry", "coordinator", "worker", "dashboard"}
+    ),
 }
 #: Third-party packages a layer must not import: the core is pure, with no SQL.
 FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {

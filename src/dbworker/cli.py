@@ -30,7 +30,7 @@ from .core.status import ExecutionStatus
 from .logs import LEVELS, logger
 from .logs import configure as configure_logging
 from .metrics import prometheus_metrics
-from .overview import overview
+from .overview import duration_text, overview
 from .records_view import item_record
 from .registry import has_table, list_coordinators
 from .worker import Worker
@@ -41,6 +41,8 @@ EXIT_USAGE = 2
 
 #: The environment variable naming the coordinator when the command line does not.
 APP_ENV = "DBWORKER_APP"
+#: The dashboard's access token when --token is not given.
+DASHBOARD_TOKEN_ENV = "DBWORKER_DASHBOARD_TOKEN"
 #: The name the command uses for records discovered but not claimed yet (``None`` in
 #: the API), as the demo does.
 NOT_CLAIMED = "pending"
@@ -217,7 +219,7 @@ def _render_status(report: dict[str, Any]) -> str:
             name,
             *(item[_label(s)] for s in _STATUS_COLUMNS),
             item["waiting"],
-            _duration(item["oldest_waiting_seconds"]),
+            duration_text(item["oldest_waiting_seconds"]),
             item["running"],
             item["finished_last_minute"],
         ]
@@ -232,16 +234,6 @@ def _render_status(report: dict[str, Any]) -> str:
     else:
         note = "counted now; waiting: eligible now and not claimed"
     return _table(headers, rows) + "\n" + note
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def cmd_status(coordinator: Coordinator, args: argparse.Namespace) -> int:
@@ -318,7 +310,7 @@ def cmd_coordinators(coordinator: Coordinator, args: argparse.Namespace) -> int:
             item["pid"],
             item["version"],
             ", ".join(f"{w['name']}x{w['concurrency']} {w['executor']}" for w in item["workers"]),
-            _duration(item["uptime"]),
+            duration_text(item["uptime"]),
             f"{item['heartbeat_age']:.0f}s ago",
             "STALE" if item["stale"] else "live",
         ]
@@ -374,6 +366,21 @@ def cmd_retry(coordinator: Coordinator, args: argparse.Namespace) -> int:
         print(f"reset {len(reset)} failed item(s) of {args.worker}")
         if skipped:
             print("not failed (left alone): " + ", ".join(map(str, skipped)))
+    return EXIT_OK
+
+
+def cmd_dashboard(coordinator: Coordinator, args: argparse.Namespace) -> int:
+    from .dashboard import check_binding, serve
+
+    token = args.token or os.environ.get(DASHBOARD_TOKEN_ENV) or None
+    try:
+        check_binding(args.host, token)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    _workers(coordinator, None)  # the tables exist: say so now, not on the first page
+    where = f"http://{args.host}:{args.port}/" + ("?token=..." if token else "")
+    log.info("dashboard at %s%s", where, " (read-only)" if args.read_only else "")
+    serve(coordinator, host=args.host, port=args.port, token=token, read_only=args.read_only)
     return EXIT_OK
 
 
@@ -501,6 +508,22 @@ def parser() -> argparse.ArgumentParser:
     failed.add_argument("--worker", action="append", help="only this worker (repeatable)")
     failed.add_argument("--limit", type=int, default=None, help="at most this many per worker")
     failed.set_defaults(handler=cmd_failed)
+    dashboard = command(
+        "dashboard", "serve the web dashboard (needs the dbworker[dashboard] extra)"
+    )
+    dashboard.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
+    dashboard.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address (default 127.0.0.1; any other needs an access token)",
+    )
+    dashboard.add_argument(
+        "--token", help=f"the access token (default ${DASHBOARD_TOKEN_ENV}); open ?token=..."
+    )
+    dashboard.add_argument(
+        "--read-only", action="store_true", help="show only: no retry buttons, POSTs refused"
+    )
+    dashboard.set_defaults(handler=cmd_dashboard)
     retry = command("retry", "reset failed items so they run again")
     retry.add_argument("worker", help="the worker whose items to reset")
     retry.add_argument("ids", nargs="*", help="source ids to reset")

@@ -47,3 +47,14 @@ def overview(
                 "source": "live",
             }
     return report
+
+
+def duration_text(seconds: float | None) -> str:
+    """An age or a period for people: 42s, 15m, 3.5h; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
