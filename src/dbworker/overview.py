@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from .backlog import measure
-from .registry import Timing, cached_stats, has_table
+from .registry import STATS_MAX_AGE, Timing, cached_stats, has_table
 
 if TYPE_CHECKING:
     from .coordinator import Coordinator
@@ -31,9 +31,10 @@ def overview(
             if has_table(conn, table)
             else None
         )
-        # Older than a few refreshes means the refreshing coordinator is struggling:
-        # measuring now is better than showing old figures as current.
-        if found is not None and found[1] <= 3 * timing.stats:
+        # From a live coordinator (cached_stats checks its heartbeat), which refreshes
+        # them as often as their cost allows; shown with their age. Very old ones mean
+        # the refresh itself fails: measuring now is better.
+        if found is not None and found[1] <= STATS_MAX_AGE:
             cached, age = found
     report: dict[str, dict[str, Any]] = {}
     for worker in workers:

@@ -39,8 +39,14 @@ HEARTBEAT_SECONDS = 5.0
 STALE_AFTER = 3
 #: A stale row is deleted once its last heartbeat is this old.
 REAP_AFTER_SECONDS = 600.0
-#: How often the expensive figures are refreshed (by one coordinator at a time).
+#: How often the expensive figures are refreshed (by one coordinator at a time)...
 STATS_SECONDS = 10.0
+#: ... or less often when measuring them is slow: the refresh then waits this many
+#: times as long as the last one took, so the cache never keeps a database connection
+#: busy more than 1/20 of the time (a 1 s count over a large table: every 20 s).
+STATS_BACKOFF = 20.0
+#: Cached figures older than this are not shown: status counts live instead.
+STATS_MAX_AGE = 600.0
 
 
 def version() -> str:
@@ -155,6 +161,7 @@ class Heartbeat:
         self._on_error = on_error
         self._failing = False
         self._next_stats = 0.0
+        self._interval = timing.stats
         #: The latest expensive figures, this coordinator's or another's, with when
         #: (``time.monotonic()``) they were measured: for the metrics' gauges.
         self.latest: tuple[dict[str, Any], float] | None = None
@@ -170,7 +177,9 @@ class Heartbeat:
         """Stop beating and delete the row: a clean stop leaves no trace."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            # Bounded: a slow count over a large table must not hold up a stop. Its
+            # late write then matches no row, and the thread beats no more.
+            self._thread.join(timeout=2 * self.timing.heartbeat)
         try:
             with self.engine.begin() as conn:
                 conn.execute(delete(self.table).where(self.table.c.id == self.id))
@@ -182,8 +191,11 @@ class Heartbeat:
             try:
                 self.beat()
                 if time.monotonic() >= self._next_stats:
-                    self._next_stats = time.monotonic() + self.timing.stats
+                    began = time.monotonic()
                     self.refresh_stats()
+                    took = time.monotonic() - began
+                    self._interval = max(self.timing.stats, STATS_BACKOFF * took)
+                    self._next_stats = time.monotonic() + self._interval
                 if self._failing:
                     log.info("dbworker: registry heartbeat reaches the database again")
                 self._failing = False
@@ -213,7 +225,7 @@ class Heartbeat:
         with _read_only(self.engine) as conn:
             if not force:
                 cached = cached_stats(conn, self.dialect, self.table, self.timing)
-                if cached is not None and cached[1] < self.timing.stats:
+                if cached is not None and cached[1] < self._interval:
                     self.latest = (cached[0], time.monotonic() - cached[1])
                     return False
             stats = {w.name: measure(conn, self.dialect, w) for w in self.workers}

@@ -7,6 +7,8 @@ whether or not discovery has recorded it yet.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from typing import Any
 
 from sqlalchemy import select, update
@@ -15,8 +17,8 @@ from dbworker import Coordinator
 from dbworker.backlog import db_now, measure, waiting
 
 from . import app
-from .support import Site
-from .test_cli import REFERENCE, dbworker, ok, worked
+from .support import Site, wait_until
+from .test_cli import COMMAND_TIMEOUT, DBWORKER, REFERENCE, dbworker, environment, ok, worked
 
 #: Record states by job id (discovered ids), and the ids inserted after discovery.
 PENDING = [21, 22, 23]
@@ -128,3 +130,31 @@ def test_show_prints_one_record_with_its_traceback(ops: Site) -> None:
     assert missing.returncode == 1 and "no record of 99" in missing.stderr
     bad = dbworker(ops.url, "show", REFERENCE, "jobs", "x", cwd=ops.workdir)
     assert bad.returncode == 2
+
+
+def test_status_watch_refreshes_until_interrupted(ops: Site) -> None:
+    worked(ops)
+    process = subprocess.Popen(
+        [str(DBWORKER), "status", REFERENCE, "--json", "--watch", "0.1"],
+        env=environment(ops.url),
+        cwd=ops.workdir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        reports = [json.loads(process.stdout.readline()) for _ in range(3)]
+        ops.add_jobs([6], app.QUICK)  # a later refresh sees the new row waiting
+        wait_until(
+            lambda: json.loads(process.stdout.readline())["jobs"]["waiting"] == 1,  # type: ignore[union-attr]
+            "a refresh that counts the new row",
+        )
+        process.send_signal(signal.SIGINT)
+        assert process.wait(COMMAND_TIMEOUT) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert [r["jobs"]["waiting"] for r in reports] == [0, 0, 0]
