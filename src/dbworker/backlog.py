@@ -96,11 +96,15 @@ def waiting(
     return int(count), _epoch(first)
 
 
-def measure(conn: Connection, dialect: Dialect, worker: Registration) -> dict[str, Any]:
-    """The figures above for one worker, as JSON-ready values."""
+def measure(
+    conn: Connection, dialect: Dialect, worker: Registration, source_exists: bool = True
+) -> dict[str, Any]:
+    """The figures above for one worker, as JSON-ready values. Without its source
+    table (not created yet) nothing can be waiting: ``waiting`` is None then."""
     now = db_now(conn, dialect)
     table = worker.table.table
-    count, first = waiting(conn, dialect, worker, now)
+    count: int | None
+    count, first = waiting(conn, dialect, worker, now) if source_exists else (None, None)
     start = now - HISTORY_MINUTES * 60
     bucket = _minute_bucket(conn, table.c.finished_at - start)
     history_rows = conn.execute(

@@ -218,7 +218,7 @@ def _render_status(report: dict[str, Any]) -> str:
         [
             name,
             *(item[_label(s)] for s in _STATUS_COLUMNS),
-            item["waiting"],
+            "-" if item["waiting"] is None else item["waiting"],
             duration_text(item["oldest_waiting_seconds"]),
             item["running"],
             item["finished_last_minute"],

@@ -184,7 +184,8 @@ class _Gauges:
             "dbworker_backlog_oldest_seconds", "Age of the oldest waiting item", labels=["worker"]
         )
         for name, figures in stats.items():
-            backlog.add_metric([name], figures["waiting"])
+            if figures.get("waiting") is not None:
+                backlog.add_metric([name], figures["waiting"])
             if figures.get("oldest_waiting_seconds") is not None:
                 oldest.add_metric([name], figures["oldest_waiting_seconds"])
         age = gauge("dbworker_backlog_age_seconds", "How old the backlog count is")

@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -63,6 +64,17 @@ def dbworker(
         text=True,
         timeout=COMMAND_TIMEOUT,
     )
+
+
+@contextmanager
+def reaped(process: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
+    """``process``, killed at exit if a failed test left it running."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

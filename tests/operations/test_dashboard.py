@@ -4,6 +4,11 @@ the actions reset failed items, and what must be refused is refused."""
 from __future__ import annotations
 
 import re
+import signal
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
@@ -11,8 +16,17 @@ from starlette.testclient import TestClient
 from dbworker import ConfigurationError, ExecutionStatus
 from dbworker.dashboard import check_binding, create_app
 
-from .support import Site
-from .test_cli import twin, worked
+from .support import Site, wait_until
+from .test_cli import (
+    COMMAND_TIMEOUT,
+    DBWORKER,
+    REFERENCE,
+    dbworker,
+    environment,
+    reaped,
+    twin,
+    worked,
+)
 
 LOCAL = "http://127.0.0.1:8000"
 
@@ -101,3 +115,38 @@ def test_binding_beyond_loopback_needs_a_token() -> None:
     with pytest.raises(ConfigurationError, match="access token"):
         check_binding("0.0.0.0", None)
     check_binding("0.0.0.0", "s3cret")
+
+
+def test_the_dashboard_command(ops: Site, tmp_path: Path) -> None:
+    worked(ops)
+    refused = dbworker(ops.url, "dashboard", REFERENCE, "--host", "0.0.0.0", cwd=ops.workdir)
+    assert refused.returncode == 2 and "access token" in refused.stderr
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "dashboard.log"
+    command = [str(DBWORKER), "dashboard", REFERENCE, "--port", str(port), "--read-only"]
+    with log.open("wb") as out:
+        started = subprocess.Popen(
+            command,
+            env=environment(ops.url),
+            cwd=ops.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def page() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/workers/jobs") as response:
+                return str(response.read().decode())
+        except OSError:
+            return None
+
+    with reaped(started) as process:
+        wait_until(lambda: page() is not None, "the dashboard to answer", diagnose=log.read_text)
+        text = page()
+        assert text is not None and 'data-id="3"' in text and "Retry" not in text
+        assert f"dashboard at http://127.0.0.1:{port}/ (read-only)" in log.read_text()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(COMMAND_TIMEOUT) == 0

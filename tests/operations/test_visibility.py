@@ -18,7 +18,16 @@ from dbworker.backlog import db_now, measure, waiting
 
 from . import app
 from .support import Site, wait_until
-from .test_cli import COMMAND_TIMEOUT, DBWORKER, REFERENCE, dbworker, environment, ok, worked
+from .test_cli import (
+    COMMAND_TIMEOUT,
+    DBWORKER,
+    REFERENCE,
+    dbworker,
+    environment,
+    ok,
+    reaped,
+    worked,
+)
 
 #: Record states by job id (discovered ids), and the ids inserted after discovery.
 PENDING = [21, 22, 23]
@@ -134,16 +143,18 @@ def test_show_prints_one_record_with_its_traceback(ops: Site) -> None:
 
 def test_status_watch_refreshes_until_interrupted(ops: Site) -> None:
     worked(ops)
-    process = subprocess.Popen(
-        [str(DBWORKER), "status", REFERENCE, "--json", "--watch", "0.1"],
-        env=environment(ops.url),
-        cwd=ops.workdir,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    command = [str(DBWORKER), "status", REFERENCE, "--json", "--watch", "0.1"]
+    with reaped(
+        subprocess.Popen(
+            command,
+            env=environment(ops.url),
+            cwd=ops.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    ) as process:
         assert process.stdout is not None
         reports = [json.loads(process.stdout.readline()) for _ in range(3)]
         ops.add_jobs([6], app.QUICK)  # a later refresh sees the new row waiting
@@ -153,8 +164,4 @@ def test_status_watch_refreshes_until_interrupted(ops: Site) -> None:
         )
         process.send_signal(signal.SIGINT)
         assert process.wait(COMMAND_TIMEOUT) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert [r["jobs"]["waiting"] for r in reports] == [0, 0, 0]

@@ -357,4 +357,17 @@ def serve(
         raise ConfigurationError(
             "the dashboard needs uvicorn: pip install 'dbworker[dashboard]'"
         ) from None
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again under
+    # the handlers it found: with these, a stop asked for is a clean exit (status 0).
+    import signal
+    import threading
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda *_: None)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
