@@ -21,6 +21,22 @@ ALLOWED: dict[str, frozenset[str]] = {
     "dialects": frozenset({"core", "dialects"}),
     "executors": frozenset({"core", "executors"}),
     "invocation": frozenset({"core", "dialects", "schema", "invocation"}),
+    # The scheduler's event interface: plain data and a list of callables, importable
+    # from anywhere (the scheduling loop reports through it) and importing nothing.
+    "events": frozenset({"events"}),
+    # What operators read (backlog, registry, records): the database, never the
+    # scheduling loop or the executors, so the CLI and the dashboard stay read-side.
+    "backlog": frozenset({"core", "dialects", "schema", "worker", "backlog"}),
+    "registry": frozenset({"core", "dialects", "schema", "worker", "backlog", "registry"}),
+    "records_view": frozenset({"core", "dialects", "coordinator", "worker", "records_view"}),
+    # Metrics listen to events and read the coordinator's gauges; no SQL of their own.
+    "metrics": frozenset({"core", "events", "coordinator", "metrics"}),
+    "overview": frozenset({"backlog", "registry", "coordinator", "worker", "overview"}),
+    # The dashboard reads what the CLI reads and resets through Worker: never the
+    # scheduler, dialects or executors directly.
+    "dashboard": frozenset(
+        {"core", "overview", "records_view", "registry", "coordinator", "worker", "dashboard"}
+    ),
 }
 #: Third-party packages a layer must not import: the core is pure, with no SQL.
 FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {

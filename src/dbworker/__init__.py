@@ -13,8 +13,10 @@ from .core.outcomes import Finished, Outcome, Unfinished
 from .core.status import ExecutionStatus
 from .core.timing import RetryPolicy
 from .drain import DrainedItem, DrainReport
+from .events import Event, EventKind, Events
 from .executors import Inline, Pool, SpawnPerTask, Subprocess
 from .health import Health
+from .metrics import PrometheusMetrics, prometheus_metrics
 from .records import ExecutionState, FailedItem
 from .worker import Worker
 
@@ -24,6 +26,9 @@ __all__ = [
     "DBWorkerError",
     "DrainReport",
     "DrainedItem",
+    "Event",
+    "EventKind",
+    "Events",
     "ExecutionState",
     "ExecutionStatus",
     "FailedItem",
@@ -34,6 +39,7 @@ __all__ = [
     "Inline",
     "Outcome",
     "Pool",
+    "PrometheusMetrics",
     "RetryPolicy",
     "SpawnPerTask",
     "Subprocess",
@@ -41,4 +47,5 @@ __all__ = [
     "UnknownWorkerError",
     "Worker",
     "WorkerCrashed",
+    "prometheus_metrics",
 ]

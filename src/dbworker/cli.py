@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from datetime import datetime
@@ -28,6 +29,10 @@ from .core.errors import ConfigurationError, DBWorkerError, UnknownWorkerError
 from .core.status import ExecutionStatus
 from .logs import LEVELS, logger
 from .logs import configure as configure_logging
+from .metrics import prometheus_metrics
+from .overview import duration_text, overview
+from .records_view import item_record
+from .registry import has_table, list_coordinators
 from .worker import Worker
 
 EXIT_OK = 0
@@ -36,6 +41,8 @@ EXIT_USAGE = 2
 
 #: The environment variable naming the coordinator when the command line does not.
 APP_ENV = "DBWORKER_APP"
+#: The dashboard's access token when --token is not given.
+DASHBOARD_TOKEN_ENV = "DBWORKER_DASHBOARD_TOKEN"
 #: The name the command uses for records discovered but not claimed yet (``None`` in
 #: the API), as the demo does.
 NOT_CLAIMED = "pending"
@@ -142,6 +149,15 @@ def cmd_run(coordinator: Coordinator, args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.metrics_port is not None:
+        metrics = prometheus_metrics(coordinator)
+        try:
+            metrics.serve(args.metrics_port, args.metrics_host)
+        except OSError as exc:
+            raise DBWorkerError(
+                f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}"
+            ) from None
+        log.info("metrics at http://%s:%d/metrics", args.metrics_host, args.metrics_port)
     coordinator.start()
     while not coordinator.wait(timeout=0.5):
         pass
@@ -163,24 +179,146 @@ def cmd_create_tables(coordinator: Coordinator, args: argparse.Namespace) -> int
     return EXIT_OK
 
 
-def cmd_status(coordinator: Coordinator, args: argparse.Namespace) -> int:
-    report: dict[str, dict[str, int]] = {}
+#: What ``status`` adds to the counts, per worker (``dbworker.backlog`` defines them).
+_BACKLOG_FIELDS = ("waiting", "oldest_waiting_seconds", "running", "finished_last_minute")
+
+
+def _status_report(coordinator: Coordinator, args: argparse.Namespace) -> dict[str, Any]:
     workers = _workers(coordinator, args.worker)
+    registrations = [coordinator._registration(w.name) for w in workers]
     with coordinator.session_factory() as session:
-        for worker in workers:
-            counts = worker.counts(session)
-            report[worker.name] = {_label(s): counts.get(s, 0) for s in _STATUS_COLUMNS}
-    if args.json:
-        print(_json(report))
+        figures = overview(coordinator, session.connection(), registrations, live=args.live)
+        session.rollback()
+    report: dict[str, Any] = {}
+    for name, item in figures.items():
+        counts = item["counts"]
+        report[name] = {
+            **{_label(s): counts.get(_phase_value(s), 0) for s in _STATUS_COLUMNS},
+            **{field: item[field] for field in _BACKLOG_FIELDS},
+            "age_seconds": round(item["age"], 3),
+            "source": item["source"],
+        }
+    return report
+
+
+def _phase_value(status: ExecutionStatus | None) -> str:
+    return "pending" if status is None else status.value
+
+
+def _render_status(report: dict[str, Any]) -> str:
+    headers = [
+        "worker",
+        *(_label(s) for s in _STATUS_COLUMNS),
+        "waiting",
+        "oldest",
+        "running",
+        "last_min",
+    ]
+    rows = [
+        [
+            name,
+            *(item[_label(s)] for s in _STATUS_COLUMNS),
+            "-" if item["waiting"] is None else item["waiting"],
+            duration_text(item["oldest_waiting_seconds"]),
+            item["running"],
+            item["finished_last_minute"],
+        ]
+        for name, item in report.items()
+    ]
+    ages = [item["age_seconds"] for item in report.values() if item["source"] == "cache"]
+    if ages:
+        note = (
+            f"as counted by a running coordinator {max(ages):.0f}s ago "
+            "(--live counts now); waiting: eligible now and not claimed"
+        )
     else:
-        headers = ["worker", *(_label(s) for s in _STATUS_COLUMNS)]
-        rows = [[name, *counts.values()] for name, counts in report.items()]
-        print(_table(headers, rows))
-    return EXIT_OK
+        note = "counted now; waiting: eligible now and not claimed"
+    return _table(headers, rows) + "\n" + note
+
+
+def cmd_status(coordinator: Coordinator, args: argparse.Namespace) -> int:
+    if args.watch is None:
+        report = _status_report(coordinator, args)
+        print(_json(report) if args.json else _render_status(report))
+        return EXIT_OK
+    if args.watch <= 0:
+        raise UsageError("--watch takes a positive number of seconds")
+    try:
+        while True:
+            report = _status_report(coordinator, args)
+            if args.json:
+                print(_json(report), flush=True)
+            else:
+                # Clear the screen and home the cursor: the table refreshes in place.
+                stamp = datetime.now().astimezone().strftime("%H:%M:%S")
+                sys.stdout.write("\x1b[H\x1b[2J" + f"every {args.watch:g}s, {stamp}\n")
+                sys.stdout.write(_render_status(report) + "\n")
+                sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return EXIT_OK
 
 
 def _label(status: ExecutionStatus | None) -> str:
     return NOT_CLAIMED if status is None else status.value
+
+
+def cmd_show(coordinator: Coordinator, args: argparse.Namespace) -> int:
+    _workers(coordinator, [args.worker])  # known, and its table exists
+    registration = coordinator._registration(args.worker)
+    try:
+        source_id = registration.source_id_from_text(args.id)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    with coordinator.session_factory() as session:
+        record = item_record(coordinator, session.connection(), registration, source_id)
+        session.rollback()
+    if record is None:
+        print(f"dbworker: worker {args.worker} has no record of {source_id!r}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        print(_json(record))
+        return EXIT_OK
+    traceback_text = record.pop("traceback", None)
+    width = max(len(key) for key in record)
+    for key, value in record.items():
+        print(f"{key.ljust(width)}  {'-' if value is None else value}")
+    if traceback_text:
+        print("\ntraceback:\n" + traceback_text.rstrip())
+    return EXIT_OK
+
+
+def cmd_coordinators(coordinator: Coordinator, args: argparse.Namespace) -> int:
+    coordinator._check_database_exists()
+    table = coordinator._registry_table()
+    with coordinator.session_factory() as session:
+        conn = session.connection()
+        if not has_table(conn, table):
+            raise DBWorkerError(
+                f"the table {table.name} does not exist yet: run `dbworker create-tables` "
+                "(or your migrations) first"
+            )
+        found = list_coordinators(conn, coordinator._dialect, table, coordinator._registry_timing)
+        session.rollback()
+    if args.json:
+        print(_json(found))
+        return EXIT_OK
+    rows = [
+        [
+            item["id"][:8],
+            item["host"],
+            item["pid"],
+            item["version"],
+            ", ".join(f"{w['name']}x{w['concurrency']} {w['executor']}" for w in item["workers"]),
+            duration_text(item["uptime"]),
+            f"{item['heartbeat_age']:.0f}s ago",
+            "STALE" if item["stale"] else "live",
+        ]
+        for item in found
+    ]
+    headers = ["id", "host", "pid", "version", "workers", "up", "heartbeat", "state"]
+    print(_table(headers, rows) if rows else "no coordinators registered")
+    return EXIT_OK
 
 
 def cmd_failed(coordinator: Coordinator, args: argparse.Namespace) -> int:
@@ -228,6 +366,21 @@ def cmd_retry(coordinator: Coordinator, args: argparse.Namespace) -> int:
         print(f"reset {len(reset)} failed item(s) of {args.worker}")
         if skipped:
             print("not failed (left alone): " + ", ".join(map(str, skipped)))
+    return EXIT_OK
+
+
+def cmd_dashboard(coordinator: Coordinator, args: argparse.Namespace) -> int:
+    from .dashboard import check_binding, serve
+
+    token = args.token or os.environ.get(DASHBOARD_TOKEN_ENV) or None
+    try:
+        check_binding(args.host, token)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    _workers(coordinator, None)  # the tables exist: say so now, not on the first page
+    where = f"http://{args.host}:{args.port}/" + ("?token=..." if token else "")
+    log.info("dashboard at %s%s", where, " (read-only)" if args.read_only else "")
+    serve(coordinator, host=args.host, port=args.port, token=token, read_only=args.read_only)
     return EXIT_OK
 
 
@@ -307,17 +460,70 @@ def parser() -> argparse.ArgumentParser:
         "run", "start the coordinator; SIGTERM or SIGINT stops it gracefully, a second one at once"
     )
     run.add_argument("--create-tables", action="store_true", help="create worker tables first")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help="serve Prometheus metrics on port N (needs the dbworker[prometheus] extra)",
+    )
+    run.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address the metrics are served on (default 127.0.0.1; 0.0.0.0 for all)",
+    )
     run.set_defaults(handler=cmd_run)
     command("create-tables", "create the worker tables (idempotent)").set_defaults(
         handler=cmd_create_tables
     )
-    status = command("status", "count items per worker and status")
+    status = command(
+        "status",
+        "count items per worker and status, the work waiting (eligible now and not claimed, "
+        "discovered or not), its oldest item's age and the items finished in the last minute",
+    )
     status.add_argument("--worker", action="append", help="only this worker (repeatable)")
+    status.add_argument(
+        "--live",
+        action="store_true",
+        help="count now rather than show a running coordinator's recent count",
+    )
+    status.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh in place every SECONDS (default 2) until interrupted",
+    )
     status.set_defaults(handler=cmd_status)
+    show = command("show", "print one item's execution record with its full traceback")
+    show.add_argument("worker", help="the worker")
+    show.add_argument("id", nargs="?", help="the source row's id")
+    show.set_defaults(handler=cmd_show)
+    command(
+        "coordinators", "list running coordinators (stale: no heartbeat for a while)"
+    ).set_defaults(handler=cmd_coordinators)
     failed = command("failed", "list failed items with their errors")
     failed.add_argument("--worker", action="append", help="only this worker (repeatable)")
     failed.add_argument("--limit", type=int, default=None, help="at most this many per worker")
     failed.set_defaults(handler=cmd_failed)
+    dashboard = command(
+        "dashboard", "serve the web dashboard (needs the dbworker[dashboard] extra)"
+    )
+    dashboard.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
+    dashboard.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address (default 127.0.0.1; any other needs an access token)",
+    )
+    dashboard.add_argument(
+        "--token", help=f"the access token (default ${DASHBOARD_TOKEN_ENV}); open ?token=..."
+    )
+    dashboard.add_argument(
+        "--read-only", action="store_true", help="show only: no retry buttons, POSTs refused"
+    )
+    dashboard.set_defaults(handler=cmd_dashboard)
     retry = command("retry", "reset failed items so they run again")
     retry.add_argument("worker", help="the worker whose items to reset")
     retry.add_argument("ids", nargs="*", help="source ids to reset")
@@ -329,6 +535,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser()
     args = arguments.parse_args(argv)
+    if args.handler is cmd_show and args.id is None:
+        # `dbworker show WORKER ID` with the application in $DBWORKER_APP: the first
+        # positional was taken for APP.
+        args.coordinator, args.worker, args.id = None, args.coordinator, args.worker
     reference = args.coordinator or os.environ.get(APP_ENV)
     if not reference:
         arguments.error(f"name the application's Coordinator (module:attribute) or set {APP_ENV}")

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy import Engine, Table, create_engine, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,6 +20,7 @@ from .core.status import ExecutionStatus
 from .core.timing import PollBackoff, RetryPolicy, Timings, require_positive
 from .dialects import Dialect, Owner, for_url
 from .drain import DEFAULT_MAX_INVOCATIONS, DrainReport, drain
+from .events import Events
 from .executors import Executor, ExecutorChoice
 from .executors import resolve as resolve_executor
 from .health import Health
@@ -33,8 +34,9 @@ from .preflight import (
     missing_sqlite_file,
     resolve_sqlite_path,
 )
+from .registry import Heartbeat, Timing, banner, start_heartbeat
 from .scheduling import Scheduler, WorkerState
-from .schema import PRELOAD_MODULES, expected_columns
+from .schema import PRELOAD_MODULES, coordinators_table, expected_columns
 from .worker import (
     DEFAULT_MAX_CRASHES,
     Eligible,
@@ -100,6 +102,10 @@ class Coordinator:
         self._scheduler: Scheduler | None = None
         self._stopped = False
         self._engine: Engine | None = None
+        self._events = Events()
+        #: The registry's periods (``dbworker.registry``); tests shorten them.
+        self._registry_timing = Timing()
+        self._heartbeat: Heartbeat | None = None
 
     @property
     def database_url(self) -> str:
@@ -110,6 +116,11 @@ class Coordinator:
         """Registered workers by name (read-only); an unknown name raises
         UnknownWorkerError (a KeyError) naming the registered ones."""
         return _Workers(self._workers)
+
+    @property
+    def events(self) -> Events:
+        """The scheduler's events: ``coordinator.events.subscribe(listener)``."""
+        return self._events
 
     @property
     def lease_seconds(self) -> float:
@@ -192,6 +203,8 @@ class Coordinator:
                     max_crashes=max_crashes,
                     executor=chosen,
                 )
+                # Beside the execution table, so create_all and Alembic see it too.
+                coordinators_table(self._workers[name].table.table.metadata)
             return handler
 
         return register
@@ -231,10 +244,15 @@ class Coordinator:
         with self.session_factory() as session:
             bind = session.connection()
             tables = [w.table.table for w in self._workers.values()]
-            for table in tables:
+            for table in [*tables, self._registry_table()]:
                 table.create(bind, checkfirst=True)
             session.commit()
             self._check_tables(session)
+
+    def _registry_table(self) -> Table:
+        """The coordinator registry, in the first worker's source MetaData."""
+        first = next(iter(self._workers.values()))
+        return coordinators_table(first.table.table.metadata)
 
     def _check_tables(self, session: Session, engine: Engine | None = None) -> None:
         """Check the worker tables through the session factory and, with ``engine``,
@@ -315,7 +333,9 @@ class Coordinator:
                 for worker in self._workers.values():
                     backoff = PollBackoff(timings.poll_seconds, timings.max_poll_seconds)
                     states.append(WorkerState(worker, self._executor(worker, runner), backoff))
-                scheduler = Scheduler(engine, self._dialect, states, timings, Owner.current())
+                scheduler = Scheduler(
+                    engine, self._dialect, states, timings, Owner.current(), self._events
+                )
                 scheduler.start()
             except BaseException:
                 # A failed start leaves nothing running, so start() can be called again
@@ -327,6 +347,14 @@ class Coordinator:
             self._engine = engine
             self._scheduler = scheduler
             atexit.register(self._at_exit)
+            self._heartbeat = start_heartbeat(
+                engine,
+                self._dialect,
+                self._registry_table(),
+                list(self._workers.values()),
+                self._url.render_as_string(hide_password=True),
+                self._registry_timing,
+            )
         for worker in self._workers.values():
             log.debug(
                 "worker started: concurrency %d, executor %r, timeout %s, retry %s, max_crashes %d",
@@ -338,9 +366,7 @@ class Coordinator:
                 extra={"worker": worker.name},
             )
         log.info(
-            "coordinator started: %s on %s",
-            ", ".join(self._workers),
-            self._url.render_as_string(hide_password=True),
+            "%s", banner(self._workers.values(), self._url.render_as_string(hide_password=True))
         )
 
     def _preload_forkserver(self) -> None:
@@ -431,9 +457,17 @@ class Coordinator:
         if threading.current_thread() is not scheduler.thread:
             scheduler.thread.join()
         if self._engine is not None:
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+                self._heartbeat = None
             self._engine.dispose()
             self._engine = None
-            log.info("coordinator stopped")
+            health = scheduler.health
+            log.info(
+                "coordinator stopped: %d item(s) claimed, %d invocation(s) completed",
+                health.claimed,
+                health.completed,
+            )
         atexit.unregister(self._at_exit)
 
     def _at_exit(self) -> None:
@@ -456,6 +490,29 @@ class Coordinator:
         if self._scheduler is None:
             return Health()
         return Health.of(self._scheduler.health)
+
+    def _live_counts(self) -> dict[str, tuple[int, int]]:
+        """Per worker: (handlers running, claims held), read from another thread (a
+        metrics scrape) while the scheduler changes them, so by copies."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return {}
+        counts = {}
+        for name, state in scheduler.states.items():
+            for _ in range(3):  # the scheduler resized the dict mid-copy: copy again
+                try:
+                    held = list(state.held.items())
+                    break
+                except RuntimeError:
+                    held = []
+            executor = state.executor
+            running = sum(_has_started(executor, (name, key, h.token)) for key, h in held)
+            counts[name] = (running, len(held))
+        return counts
+
+    def _cached_stats(self) -> tuple[dict[str, Any], float] | None:
+        heartbeat = self._heartbeat
+        return None if heartbeat is None else heartbeat.latest
 
     def __enter__(self) -> Coordinator:
         self.start()
@@ -508,6 +565,15 @@ class _Workers(Mapping[str, Worker]):
 
     def __repr__(self) -> str:
         return f"<workers {sorted(self._workers)}>"
+
+
+def _has_started(executor: Executor, key: tuple[str, Any, int]) -> bool:
+    # Executors are the scheduling thread's: a task ending mid-read (its queue
+    # emptied between a length check and an index) only means it is not running.
+    try:
+        return executor.started(key) is not None
+    except (IndexError, RuntimeError, KeyError):
+        return False
 
 
 def _pid() -> int:

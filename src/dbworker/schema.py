@@ -94,3 +94,37 @@ def detached_table(worker: str, source_id_type: TypeEngine[Any]) -> Table:
 
 def expected_columns() -> set[str]:
     return {c.name for c in _columns(Integer())}
+
+
+#: The coordinator registry: one row per running coordinator (``dbworker.registry``).
+COORDINATORS_TABLE = "dbworker_coordinators"
+
+
+def coordinators_table(metadata: MetaData) -> Table:
+    """Define (or return the existing) coordinator registry table in ``metadata``.
+
+    It lives beside the execution tables in the source models' MetaData, so that
+    ``metadata.create_all`` and Alembic autogenerate see it too.
+    """
+    if COORDINATORS_TABLE in metadata.tables:
+        return metadata.tables[COORDINATORS_TABLE]
+    return Table(
+        COORDINATORS_TABLE,
+        metadata,
+        # A random id per start: host and pid repeat (containers often run as pid 1).
+        Column("id", String(32), primary_key=True, autoincrement=False),
+        Column("host", String(255), nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("version", String(64), nullable=False),
+        # JSON: [{"name", "concurrency", "executor"}, ...]
+        Column("workers", Text, nullable=False),
+        Column("database", String(255)),
+        # Epoch seconds on the database's clock, like the execution tables' times.
+        Column("started_at", Double, nullable=False),
+        Column("heartbeat_at", Double, nullable=False),
+        # JSON: the figures that are expensive to count (backlog, history), refreshed
+        # by one coordinator at a time for `dbworker status` and the dashboard.
+        Column("stats", Text),
+        Column("stats_at", Double),
+        comment="dbworker: running coordinators",
+    )

@@ -18,6 +18,7 @@ from sqlalchemy.orm import sessionmaker
 
 from dbworker import Coordinator
 from dbworker.logs import configure as configure_logging
+from dbworker.registry import Timing
 
 from . import app
 
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--poll", type=float, default=0.05)
     parser.add_argument("--max-poll", type=float, default=0.2)
     parser.add_argument("--executor", default="pool")
+    parser.add_argument("--heartbeat", type=float, default=None, help="registry heartbeat (s)")
     args = parser.parse_args(argv)
     # As the dbworker command logs: the item (worker, source_id, attempt) in brackets.
     configure_logging("INFO", json_lines=False, stream=sys.stderr)
@@ -44,6 +46,8 @@ def main(argv: list[str]) -> int:
         executor=args.executor,
     )
     app.register(coordinator, args.concurrency)
+    if args.heartbeat is not None:
+        coordinator._registry_timing = Timing(heartbeat=args.heartbeat)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     coordinator.start()

@@ -184,6 +184,7 @@ def coordinator_process(
     lease_seconds: float,
     concurrency: int,
     executor: str = "pool",
+    heartbeat: float | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``run_coordinator`` in a new session; on exit kill whatever is left of it.
 
@@ -203,6 +204,7 @@ def coordinator_process(
         str(concurrency),
         "--executor",
         executor,
+        *([] if heartbeat is None else ["--heartbeat", str(heartbeat)]),
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(

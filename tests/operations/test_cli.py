@@ -13,14 +13,19 @@ import importlib.metadata
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import inspect, select
+from sqlalchemy.engine import make_url
 
 from dbworker import Coordinator, ExecutionStatus
 from dbworker.logs import ITEM_ATTRIBUTES
@@ -59,6 +64,17 @@ def dbworker(
         text=True,
         timeout=COMMAND_TIMEOUT,
     )
+
+
+@contextmanager
+def reaped(process: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
+    """``process``, killed at exit if a failed test left it running."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -117,25 +133,55 @@ def test_create_tables_twice(ops: Site) -> None:
 
 def test_status_counts_items_per_worker_and_status(ops: Site) -> None:
     worked(ops)
+    # Inserted after the last discovery: no record yet, and still work waiting.
+    ops.add_jobs([6], app.QUICK)
+    # Nothing else is waiting: 5 is unfinished but not due for an hour, quick's
+    # pending 3-5 are not eligible. The jobs have no timestamp column, and 6 has no
+    # record, so no age is known; drain() finished 1-2 a moment ago.
+    backlog = {"waiting": 1, "oldest_waiting_seconds": None, "running": 0}
     expected = {
         "jobs": {"pending": 0, "working": 0, "unfinished": 1, "finished": 2, "failed": 2},
         "quick": {"pending": 3, "working": 0, "unfinished": 0, "finished": 2, "failed": 0},
     }
+    measured = {"finished_last_minute": 2, "age_seconds": 0.0, "source": "live"}
+    full = {name: {**counts, **backlog, **measured} for name, counts in expected.items()}
     as_json = json.loads(ok(dbworker(ops.url, "status", REFERENCE, "--json", cwd=ops.workdir)))
-    assert as_json == expected
+    assert as_json == full
 
     human = ok(dbworker(ops.url, "status", REFERENCE, cwd=ops.workdir))
     header = human.splitlines()[0].split()
-    assert header == ["worker", "pending", "working", "unfinished", "finished", "failed"]
+    assert header == [
+        "worker",
+        "pending",
+        "working",
+        "unfinished",
+        "finished",
+        "failed",
+        "waiting",
+        "oldest",
+        "running",
+        "last_min",
+    ]
+    assert human.strip().splitlines()[-1] == "counted now; waiting: eligible now and not claimed"
     rows = {
-        row[0]: dict(zip(header[1:], map(int, row[1:]), strict=True)) for row in table_rows(human)
+        row[0]: dict(zip(header[1:], row[1:], strict=True))
+        for row in table_rows("\n".join(human.strip().splitlines()[:-1]))
     }
-    assert rows == expected
+    assert rows == {
+        name: {
+            **{status: str(n) for status, n in counts.items()},
+            "waiting": "1",
+            "oldest": "-",
+            "running": "0",
+            "last_min": "2",
+        }
+        for name, counts in expected.items()
+    }
 
     only = json.loads(
         ok(dbworker(ops.url, "status", REFERENCE, "--worker", "quick", "--json", cwd=ops.workdir))
     )
-    assert only == {"quick": expected["quick"]}
+    assert only == {"quick": full["quick"]}
 
 
 # Refusals happen before any backend-specific work: one backend is enough.
@@ -340,6 +386,66 @@ def test_run_stops_gracefully_on_sigterm(ops: Site, tmp_path: Path) -> None:
     assert ops.statuses(reader, "quick", [4]) == {4: None}
     assert ops.effects()[3] == 1
     assert 4 not in ops.effects()
+
+
+def test_run_registers_logs_a_banner_and_unregisters(ops: Site, tmp_path: Path) -> None:
+    twin(ops)
+    log = tmp_path / "run.log"
+    with running(ops, log) as process:
+        wait_for_log(log, "coordinator started")
+        listed = json.loads(
+            ok(dbworker(ops.url, "coordinators", REFERENCE, "--json", cwd=ops.workdir))
+        )
+        assert [(c["pid"], c["stale"]) for c in listed] == [(process.pid, False)]
+        assert listed[0]["workers"] == [
+            {"name": "jobs", "concurrency": 2, "executor": "Pool"},
+            {"name": "quick", "concurrency": 1, "executor": "Pool"},
+        ]
+        assert listed[0]["version"] == importlib.metadata.version("dbworker")
+        human = ok(dbworker(ops.url, "coordinators", REFERENCE, cwd=ops.workdir))
+        [row] = table_rows(human)
+        assert row[2] == str(process.pid) and row[-1] == "live"
+        process.send_signal(signal.SIGTERM)
+        assert wait_for_exit(process, log) == 0
+
+    text = log.read_text()
+    [banner] = [line for line in text.splitlines() if "coordinator started" in line]
+    url = make_url(ops.url)
+    assert f"pid {process.pid}" in banner
+    assert url.render_as_string(hide_password=True) in banner
+    if url.password:
+        assert str(url.password) not in text and "***" in banner
+    assert "workers jobs (concurrency 2, Pool), quick (concurrency 1, Pool)" in banner
+    assert "coordinator stopped" in text.splitlines()[-1]
+    # A clean stop leaves no row behind.
+    assert (
+        json.loads(ok(dbworker(ops.url, "coordinators", REFERENCE, "--json", cwd=ops.workdir)))
+        == []
+    )
+
+
+def test_run_serves_metrics(ops: Site, tmp_path: Path) -> None:
+    reader = twin(ops)
+    ops.add_jobs([1, 2], app.QUICK)
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "run.log"
+    with running(ops, log, "--metrics-port", str(port)) as process:
+        wait_for_log(log, f"metrics at http://127.0.0.1:{port}/metrics")
+        ops.wait_for_status(reader, "jobs", [1, 2], ExecutionStatus.FINISHED)
+        ops.wait_for_status(reader, "quick", [1, 2], ExecutionStatus.FINISHED)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        process.send_signal(signal.SIGTERM)
+        assert wait_for_exit(process, log) == 0
+    finished = {
+        sample.labels["worker"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "dbworker_items_finished_total"
+    }
+    assert finished == {"jobs": 2.0, "quick": 2.0}
 
 
 def test_run_second_sigint_stops_at_once(ops: Site, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine
 
 from ..core.timing import Timings
 from ..dialects import Dialect, Owner
+from ..events import Events
 from .outbox import Deferred, Health, Outbox
 from .outcomes import Outcomes
 from .state import WorkerState
@@ -37,14 +38,17 @@ class Scheduler:
         states: list[WorkerState],
         timings: Timings,
         owner: Owner,
+        events: Events | None = None,
     ) -> None:
         self.dialect = dialect
+        #: Where the scheduler reports what happens to items (``dbworker.events``).
+        self.events = events if events is not None else Events()
         self.states = {state.worker.name: state for state in states}
         self.timings = timings
         self.owner = owner
         self.health = Health()
-        self.outbox = Outbox(engine, dialect, self.health)
-        self.outcomes = Outcomes(self.outbox, dialect, self.states, self.health)
+        self.outbox = Outbox(engine, dialect, self.health, self.events)
+        self.outcomes = Outcomes(self.outbox, dialect, self.states, self.health, self.events)
         self._stopping = threading.Event()
         self._kill_at: float | None = None
         #: Whether the items claimed ahead were given back after a stop was requested.

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from ..dialects import Dialect
+from ..events import Event, EventKind, Events
 
 log = logging.getLogger("dbworker")
 
@@ -49,10 +50,13 @@ class PendingWrite:
 
 
 class Outbox:
-    def __init__(self, engine: Engine, dialect: Dialect, health: Health) -> None:
+    def __init__(
+        self, engine: Engine, dialect: Dialect, health: Health, events: Events | None = None
+    ) -> None:
         self.engine = engine
         self.dialect = dialect
         self.health = health
+        self.events = events if events is not None else Events()
         self.pending: list[PendingWrite] = []
         self._wait = 0.0
         #: No transaction is tried before this (``time.monotonic()``) after an error.
@@ -96,6 +100,9 @@ class Outbox:
         self.health.database_ok = False
         self.health.last_error = f"{type(exc).__name__}: {exc}"[:2000]
         self.health.last_error_at = time.time()
+        if self.events:
+            worker = extra.get("worker") if extra else None
+            self.events.emit(Event(EventKind.DATABASE_ERROR, worker, error=self.health.last_error))
         self._wait = min(max(self._wait * 2, DB_RETRY_SECONDS), DB_RETRY_MAX_SECONDS)
         self.blocked_until = time.monotonic() + self._wait
 

@@ -12,20 +12,37 @@ from ..core.errors import HandlerTimeout
 from ..core.policy import Decision, Ending, decide, failure
 from ..core.tasks import ErrorInfo, Result, ResultKind
 from ..dialects import Claim, Dialect
+from ..events import Event, EventKind, Events
 from .outbox import Health, Outbox
 from .state import Held, WorkerState
 
 log = logging.getLogger("dbworker")
 
+#: The event each result reports (UNRECORDED depends on the retry it carries).
+_RESULT_EVENTS = {
+    ResultKind.FINISHED: EventKind.FINISHED,
+    ResultKind.UNFINISHED: EventKind.UNFINISHED,
+    ResultKind.FAILED: EventKind.FAILED,
+    ResultKind.RETRYING: EventKind.RETRIED,
+    ResultKind.LOST: EventKind.LOST,
+    ResultKind.CRASHED: EventKind.CRASHED,
+}
+
 
 class Outcomes:
     def __init__(
-        self, outbox: Outbox, dialect: Dialect, states: Mapping[str, WorkerState], health: Health
+        self,
+        outbox: Outbox,
+        dialect: Dialect,
+        states: Mapping[str, WorkerState],
+        health: Health,
+        events: Events | None = None,
     ) -> None:
         self.outbox = outbox
         self.dialect = dialect
         self.states = states
         self.health = health
+        self.events = events if events is not None else Events()
 
     def _record(
         self,
@@ -63,6 +80,10 @@ class Outcomes:
         for other in self.states.values():
             other.backoff.reset()
             other.next_poll = min(other.next_poll, now)
+        # A run this coordinator killed (timeout, lost claim) no longer has its claim
+        # held here and was reported when it was killed.
+        if self.events and (held is not None or kind is not ResultKind.CRASHED):
+            self._report(state, source_id, held, result, now)
         if kind in (ResultKind.FINISHED, ResultKind.UNFINISHED):
             log.info("%s %s in %.3fs", where, kind.value, result.duration, extra=extra)
         elif kind in (ResultKind.FAILED, ResultKind.RETRYING):
@@ -88,6 +109,20 @@ class Outcomes:
             error = ErrorInfo(result.error or "crashed", "dbworker.WorkerCrashed")
             self._record(state, source_id, token, attempt, decision, error, "releasing")
 
+    def _report(
+        self, state: WorkerState, source_id: Any, held: Held | None, result: Result, now: float
+    ) -> None:
+        kind = _RESULT_EVENTS.get(result.kind)
+        if kind is None:  # UNRECORDED: the handler raised; the result says if it retries
+            kind = EventKind.FAILED if result.retry_delay is None else EventKind.RETRIED
+        duration = result.duration
+        latency = None
+        if held is not None and duration is not None:
+            latency = max(0.0, now - held.started - duration)
+        attempt = held.attempt if held is not None else None
+        event = Event(kind, state.worker.name, source_id, attempt, duration, latency, result.error)
+        self.events.emit(event)
+
     def enforce_timeouts(self, now: float) -> None:
         for state in self.states.values():
             worker = state.worker
@@ -112,6 +147,17 @@ class Outcomes:
                 )
                 where, extra = state.item(source_id, held.attempt)
                 log.warning("%s timed out after %ss", where, limit, extra=extra)
+                if self.events:
+                    self.events.emit(
+                        Event(
+                            EventKind.TIMED_OUT,
+                            worker.name,
+                            source_id,
+                            held.attempt,
+                            duration=now - started,
+                            error=str(exc),
+                        )
+                    )
                 error = ErrorInfo(f"HandlerTimeout: {exc}", "dbworker.HandlerTimeout")
                 self._record(
                     state,
@@ -185,10 +231,22 @@ class Outcomes:
             self._record(
                 state, claim.source_id, claim.token, claim.attempts, decision, error, "failing"
             )
+            if self.events:
+                self.events.emit(
+                    Event(
+                        EventKind.CRASHED,
+                        worker.name,
+                        claim.source_id,
+                        claim.attempts,
+                        error=message,
+                    )
+                )
             return False
         state.held[claim.source_id] = Held(
             claim.token, claim.attempts, claim.failures, time.monotonic(), claim.crashes
         )
+        if self.events:
+            self.events.emit(Event(EventKind.CLAIMED, worker.name, claim.source_id, claim.attempts))
         return True
 
     def lost(self, state: WorkerState, source_id: Any) -> None:
@@ -199,3 +257,5 @@ class Outcomes:
         state.executor.kill((state.worker.name, source_id, held.token))
         where, extra = state.item(source_id, held.attempt)
         log.warning("%s lost its claim; handler stopped", where, extra=extra)
+        if self.events:
+            self.events.emit(Event(EventKind.LOST, state.worker.name, source_id, held.attempt))
