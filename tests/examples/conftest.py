@@ -6,8 +6,6 @@ import pytest
 
 from imagededup_shared import samples
 
-from . import services  # noqa: F401 - puts examples/ on sys.path first
-
 
 @pytest.fixture(scope="session")
 def sample_set(tmp_path_factory: pytest.TempPathFactory) -> samples.SampleSet:

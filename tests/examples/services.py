@@ -16,10 +16,6 @@ import httpx
 from waiting import wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    # The examples are run from examples/ (their READMEs cd there); the tests import
-    # their shared package (sample generation) the same way.
-    sys.path.insert(0, str(EXAMPLES))
 
 
 def example_env(**values: str) -> dict[str, str]:
