@@ -10,14 +10,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from imagededup_shared.api import create_app
-from imagededup_shared.models import Base, Collection, Image
+from imagededup_shared.models import Collection, Image, create_tables
 
 from .tasks import engine, hash_image, session_factory, start_comparison
 
 
 class CeleryJobs:
     def create_tables(self) -> None:
-        Base.metadata.create_all(engine)
+        create_tables(engine)
 
     def images_added(self, image_ids: Sequence[int]) -> None:
         for image_id in image_ids:

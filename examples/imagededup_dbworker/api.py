@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from dbworker import ExecutionStatus
 from imagededup_shared.api import create_app
-from imagededup_shared.models import Base, Collection, Image
+from imagededup_shared.models import Collection, Image, create_tables
 
 from .tasks import coordinator, engine, session_factory
 
@@ -23,7 +23,7 @@ from .tasks import coordinator, engine, session_factory
 class DbworkerJobs:
     def create_tables(self) -> None:
         # The execution tables live in the models' MetaData, so this creates them too.
-        Base.metadata.create_all(engine)
+        create_tables(engine)
 
     def images_added(self, image_ids: Sequence[int]) -> None:
         pass  # committed rows are the hash worker's work: there is nothing to enqueue

@@ -11,15 +11,14 @@ import logging
 import signal
 from types import FrameType
 
-from imagededup_shared.models import Base
+from imagededup_shared.models import create_tables
 
 from .tasks import coordinator, engine
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    Base.metadata.create_all(engine)
-    coordinator.create_worker_tables()
+    create_tables(engine)  # the application's and the execution tables (same MetaData)
     signals = 0
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

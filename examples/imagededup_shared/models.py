@@ -13,6 +13,7 @@ from datetime import datetime
 from sqlalchemy import (
     BigInteger,
     DateTime,
+    Engine,
     ForeignKey,
     Index,
     Integer,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -108,3 +110,12 @@ class GroupMember(Base):
 
     group_id: Mapped[int] = mapped_column(ForeignKey("dedup_groups.id"), primary_key=True)
     image_id: Mapped[int] = mapped_column(ForeignKey("dedup_images.id"), primary_key=True)
+
+
+def create_tables(engine: Engine) -> None:
+    """``create_all``, safe when both services start at once: the loser of the race
+    between "does it exist?" and CREATE TABLE tries again and then sees the tables."""
+    try:
+        Base.metadata.create_all(engine)
+    except DBAPIError:
+        Base.metadata.create_all(engine)
