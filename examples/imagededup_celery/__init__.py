@@ -1,0 +1,1 @@
+"""Image deduplication on Redis + Celery: the same ``api`` and models, Celery ``tasks``."""

@@ -1,0 +1,1 @@
+"""Image deduplication on dbworker: ``api`` (FastAPI) and ``worker`` services, ``tasks``."""
