@@ -1,8 +1,9 @@
 """The image-deduplication examples side by side: dbworker against Redis + Celery.
 
 Both systems get the same generated image set (planted near-duplicate groups: resized,
-re-encoded, cropped, brightened variants of a scene, plus unrelated scenes), the same
-database kind, the same concurrency (2 hash processes), and run as their READMEs say:
+re-encoded, cropped, brightened variants of a scene and of a few real photographs
+bundled in scikit-image, plus unrelated scenes), the same database kind, the same
+concurrency (2 hash processes), and run as their READMEs say:
 the API under uvicorn, the worker service as its own process tree. The benchmark
 registers the set's directory through the API, asks for the comparison at once, and
 polls the API's progress until the comparison has finished.
@@ -15,7 +16,8 @@ one busy worker process (SIGKILL) a third of the way through the hashing lost or
 repeated: images never hashed, hash runs committed more than once, and whether the
 comparison finished at all.
 
-    ./dev bench imagededup                      # ~3,000 images, SQLite, writes results
+    ./dev bench imagededup                      # ~3,300 images, SQLite, writes results
+    ./dev bench imagededup -- --database sqlite postgresql mysql
     ./dev bench imagededup -- --groups 20 --singles 40 --output /tmp/small.json
 """
 
@@ -244,7 +246,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=600, help="planted duplicate groups")
     parser.add_argument("--singles", type=int, default=1200, help="unrelated images")
-    parser.add_argument("--database", choices=DIALECTS, default="sqlite")
+    parser.add_argument(
+        "--photographs",
+        type=int,
+        default=6,
+        help="real photographs (bundled in scikit-image) planted with all four variants",
+    )
+    parser.add_argument(
+        "--database",
+        nargs="+",
+        choices=DIALECTS,
+        default=["sqlite"],
+        help="one or more; each gets both systems, reported under databases.NAME",
+    )
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--no-kill", dest="kill", action="store_false")
     parser.add_argument("--timeout", type=float, default=900)
@@ -256,35 +270,55 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = new_report("imagededup", argv)
     with tempfile.TemporaryDirectory(prefix="dbw_imagededup_") as scratch:
         root = Path(scratch)
-        log(f"generating {args.groups} groups and {args.singles} singles")
-        sample_set = samples.generate(root / "images", groups=args.groups, singles=args.singles)
+        log(
+            f"generating {args.groups} groups, {args.singles} singles"
+            f" and {args.photographs} photographs"
+        )
+        sample_set = samples.generate(
+            root / "images",
+            groups=args.groups,
+            singles=args.singles,
+            photographs=args.photographs,
+        )
         truth = _pairs(sample_set.groups)
         report["image_set"] = {
             "images": len(sample_set.files),
             "planted_groups": len(sample_set.groups),
             "planted_pairs": len(truth),
             "variants": list(samples.VARIANTS),
+            "photographs": [
+                f"skimage/data/{name}" for name in samples.PHOTOGRAPHS[: args.photographs]
+            ],
         }
-        report.update(database=args.database, concurrency=CONCURRENCY, kill=args.kill)
-        results: dict[str, Any] = {}
-        for system in args.systems:
-            work = root / system
-            work.mkdir()
-            with scratch_database(args.database, f"dedup_{system}") as url:
-                log(f"{system}: running on {args.database}")
-                results[system] = run_system(system, url, root / "images", args, work)
-            found = _pairs([frozenset(g) for g in results[system].pop("found_groups")])
-            results[system]["vs_truth"] = _agreement(found, truth)
-            results[system]["_pairs"] = found
-            log(f"{system}: {_summary(results[system])}")
-        if len(results) == 2:
-            a, b = (results[s]["_pairs"] for s in SYSTEMS)
-            report["dbworker_vs_celery"] = _agreement(a, b)
-        for value in results.values():
-            value.pop("_pairs")
-        report["results"] = results
+        report.update(concurrency=CONCURRENCY, kill=args.kill, databases={})
+        for database in args.database:
+            report["databases"][database] = _run_database(database, root, truth, args)
     write_report(args.output, report)
     log(f"wrote {args.output}")
+
+
+def _run_database(
+    database: str, root: Path, truth: set[frozenset[str]], args: argparse.Namespace
+) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    report: dict[str, Any] = {}
+    for system in args.systems:
+        work = root / database / system
+        work.mkdir(parents=True)
+        with scratch_database(database, f"dedup_{system}") as url:
+            log(f"{system}: running on {database}")
+            results[system] = run_system(system, url, root / "images", args, work)
+        found = _pairs([frozenset(g) for g in results[system].pop("found_groups")])
+        results[system]["vs_truth"] = _agreement(found, truth)
+        results[system]["_pairs"] = found
+        log(f"{system} on {database}: {_summary(results[system])}")
+    if len(results) == 2:
+        a, b = (results[s]["_pairs"] for s in SYSTEMS)
+        report["dbworker_vs_celery"] = _agreement(a, b)
+    for value in results.values():
+        value.pop("_pairs")
+    report["results"] = results
+    return report
 
 
 def _summary(result: dict[str, Any]) -> str:

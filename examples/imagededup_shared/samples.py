@@ -4,6 +4,10 @@ Each *scene* is drawn from a seed (a gradient sky, a ground, shapes, noise), so 
 arguments always give the same files, and nothing is downloaded. A duplicate group is a
 scene plus variants of it that a person would call the same photograph: resized,
 re-encoded as a low-quality JPEG, cropped at the edges, brightened.
+
+Real photographs can be added too: the few that scikit-image ships inside its wheel (the
+``examples`` extra installs it), read straight from its data folder with Pillow, so nothing
+is fetched at run time either. Each one gets all four variants as its planted group.
 """
 
 from __future__ import annotations
@@ -83,28 +87,73 @@ class SampleSet:
     groups: list[frozenset[str]] = field(default_factory=list)
 
 
-def generate(directory: Path, *, groups: int, singles: int, seed: int = 0) -> SampleSet:
-    """Write ``groups`` scenes with 1-4 variants each and ``singles`` unrelated scenes."""
+# Photographs bundled in scikit-image's wheel (skimage/data/), not the ones it downloads.
+PHOTOGRAPHS = (
+    "astronaut.png",
+    "coffee.png",
+    "chelsea.png",
+    "rocket.jpg",
+    "camera.png",
+    "motorcycle_left.png",
+)
+
+
+def photograph(name: str, longest: int = 384) -> Image.Image:
+    """One of :data:`PHOTOGRAPHS`, read from the installed scikit-image; never downloaded.
+
+    Scaled down to ``longest`` pixels on its long side, near the scenes' size.
+    """
+    try:
+        from skimage import data
+    except ImportError as exc:  # pragma: no cover - the examples extra installs it
+        raise RuntimeError(
+            "real photographs need scikit-image: pip install 'dbworker[examples]'"
+        ) from exc
+    path = Path(data.data_dir) / name
+    if not path.is_file():
+        raise RuntimeError(f"{name} is not bundled in this scikit-image ({data.data_dir})")
+    with Image.open(path) as image:
+        photo = image.convert("RGB")
+    photo.thumbnail((longest, longest), Image.Resampling.LANCZOS)
+    return photo
+
+
+def _planted(directory: Path, stem: str, base: Image.Image, variants: list[str]) -> list[Path]:
+    """The original and its variants, written; the original first."""
+    original = directory / f"{stem}.png"
+    original.write_bytes(_encode(base))
+    paths = [original]
+    for variant in variants:
+        path = directory / f"{stem}-{variant}.{'jpg' if variant == 'reencoded' else 'png'}"
+        path.write_bytes(VARIANTS[variant](base))
+        paths.append(path)
+    return paths
+
+
+def generate(
+    directory: Path, *, groups: int, singles: int, seed: int = 0, photographs: int = 0
+) -> SampleSet:
+    """Write ``groups`` scenes with 1-4 variants each and ``singles`` unrelated scenes.
+
+    ``photographs`` real photographs (the first of :data:`PHOTOGRAPHS`), each with all four
+    variants, are written after the scene groups and before the singles; their groups
+    follow the scenes' in ``groups``.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     result = SampleSet()
     names = list(VARIANTS)
-    for n in range(groups + singles):
-        base = scene(seed * 1_000_003 + n)
-        original = directory / f"scene{n:05d}.png"
-        original.write_bytes(_encode(base))
-        result.files.append(original)
-        if n >= groups:
-            continue
-        members = {original.name}
-        for variant in rng.sample(names, rng.randrange(1, len(names) + 1)):
-            path = (
-                directory / f"scene{n:05d}-{variant}.{'jpg' if variant == 'reencoded' else 'png'}"
-            )
-            path.write_bytes(VARIANTS[variant](base))
-            result.files.append(path)
-            members.add(path.name)
-        result.groups.append(frozenset(members))
+    for n in range(groups):
+        chosen = rng.sample(names, rng.randrange(1, len(names) + 1))
+        paths = _planted(directory, f"scene{n:05d}", scene(seed * 1_000_003 + n), chosen)
+        result.files.extend(paths)
+        result.groups.append(frozenset(path.name for path in paths))
+    for name in PHOTOGRAPHS[:photographs]:
+        paths = _planted(directory, f"photo-{Path(name).stem}", photograph(name), names)
+        result.files.extend(paths)
+        result.groups.append(frozenset(path.name for path in paths))
+    for n in range(groups, groups + singles):
+        result.files.extend(_planted(directory, f"scene{n:05d}", scene(seed * 1_000_003 + n), []))
     return result
 
 
