@@ -21,6 +21,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "dialects": frozenset({"core", "dialects"}),
     "executors": frozenset({"core", "executors"}),
     "invocation": frozenset({"core", "dialects", "schema", "invocation"}),
+    "wakeups": frozenset({"core", "dialects", "wakeups"}),
 }
 #: Third-party packages a layer must not import: the core is pure, with no SQL.
 FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {

@@ -171,6 +171,9 @@ class Dialect:
     #: Whether a handler process reads the source row in a read transaction of its own
     #: (begun on a connection with ``READ_ONLY_OPTION``) before the handler's transaction.
     source_read_apart: ClassVar[bool] = False
+    #: Whether the database delivers transactional notifications (NOTIFY/LISTEN), with
+    #: which writers wake coordinators on other hosts (dbworker.wakeups).
+    supports_notify: ClassVar[bool] = False
     #: How many candidate rows a discovery or sweep round reads at most.
     discovery_batch: ClassVar[int] = 1000
 
@@ -206,6 +209,14 @@ class Dialect:
             and port(ours) == port(theirs)
             and (ours.database or "") == (theirs.database or "")
         )
+
+    def identity(self, url: URL) -> str:
+        """One spelling of the database ``url`` names, the same wherever it is spelled
+        alike by ``same_database``: writers and coordinators on one host meet under it."""
+        host = (url.host or "").lower()
+        host = "localhost" if host in _LOOPBACK else host
+        port = url.port or self.default_port
+        return f"{url.get_backend_name()}://{host}:{port}/{url.database or ''}"
 
     def configure_engine(self, engine: Engine) -> None:
         """Set up an engine dbworker created itself (coordinator or child process).

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine
 
 from ..core.timing import Timings
 from ..dialects import Dialect, Owner
+from ..wakeups import Wakeups
 from .outbox import Deferred, Health, Outbox
 from .outcomes import Outcomes
 from .state import WorkerState
@@ -37,6 +38,7 @@ class Scheduler:
         states: list[WorkerState],
         timings: Timings,
         owner: Owner,
+        wakeups: Wakeups | None = None,
     ) -> None:
         self.dialect = dialect
         self.states = {state.worker.name: state for state in states}
@@ -53,6 +55,12 @@ class Scheduler:
         self._wake_read.setblocking(False)
         self._next_renewal = time.monotonic() + timings.renew_every
         self._waiter = _Waiter()
+        self.wakeups = wakeups
+        #: Workers a wake-up named since the last pass (None in it: all of them).
+        self._woken: set[str | None] = set()
+        self._woken_lock = threading.Lock()
+        #: How many wake-ups arrived (for tests and diagnostics).
+        self.wakeups_received = 0
         self.thread = threading.Thread(target=self._run, name="dbworker-scheduler")
 
     # -- control (any thread) ------------------------------------------------------
@@ -61,6 +69,8 @@ class Scheduler:
         for state in self.states.values():
             state.executor.start()
         self.health.running = True
+        if self.wakeups is not None:
+            self.wakeups.start(self.wake_workers)
         self.thread.start()
 
     def request_stop(self, kill_after: float | None) -> None:
@@ -73,12 +83,23 @@ class Scheduler:
         with contextlib.suppress(OSError):
             self._wake_write.send(b"x")
 
+    def wake_workers(self, names: set[str] | None) -> None:
+        """New work may be there for ``names`` (None: every worker): poll them now."""
+        with self._woken_lock:
+            self.wakeups_received += 1
+            if names is None:
+                self._woken.add(None)
+            else:
+                self._woken |= names
+        self.wake()
+
     # -- the loop ------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while True:
                 now = time.monotonic()
+                self._take_wakeups(now)
                 self._collect()
                 self.outbox.flush()
                 if self._stopping.is_set():
@@ -107,6 +128,8 @@ class Scheduler:
             self.health.crashed = f"{type(exc).__name__}: {exc}"
             raise
         finally:
+            if self.wakeups is not None:
+                self.wakeups.stop()
             for state in self.states.values():
                 state.executor.shutdown()
             self.health.running = False
@@ -154,9 +177,31 @@ class Scheduler:
                 pass
 
     def _collect(self) -> None:
+        completed: set[str] = set()
         for state in self.states.values():
             for result in state.executor.collect():
                 self.outcomes.handle(state, result)
+                completed.add(state.worker.name)
+        if completed and self.wakeups is not None:
+            # This coordinator's own dependents are polled at once (Outcomes.handle);
+            # others serving them hear of it through the database or this host.
+            names = self.wakeups.to_announce(completed)
+            if names:
+                with contextlib.suppress(Deferred):
+                    self.wakeups.announce(names, self.outbox.transaction)
+
+    def _take_wakeups(self, now: float) -> None:
+        with self._woken_lock:
+            woken, self._woken = self._woken, set()
+        if not woken:
+            return
+        for name, state in self.states.items():
+            if None in woken or name in woken:
+                # Poll now and discover first. The backoff is left as it is: a wake-up
+                # that finds nothing (another coordinator was faster) must not restart
+                # polling at its shortest interval.
+                state.next_poll = min(state.next_poll, now)
+                state.discovery.ran_short(now)
 
     # -- renewal ---------------------------------------------------------------------
 
