@@ -14,10 +14,13 @@ worker starts after its prerequisite finishes.
   ``bench_pickup`` has FINISHED the row) starting, minus ``bench_pickup``'s handler
   returning (so it includes the commit of that finish). Each database runs twice:
   ``notifications=True`` (the default) and ``False`` (polling alone).
-* Idle cost: after the rows, the service waits ``--idle-settle`` seconds (the poll
-  backoff reaches ``max_poll_seconds``), then counts every statement its engines send
-  for ``--idle-seconds``, by kind. The PostgreSQL listener's own connection is not
-  an engine's: it sends one ``SELECT 1`` every 30 s (``wakeups.postgresql.PING_SECONDS``).
+* Idle cost: afterwards, one worker service per database at once (wake-ups on), idle
+  after its warm-up for ``--idle-settle`` seconds (the poll backoff has reached
+  ``max_poll_seconds`` and the watermark has stood still past the 2-minute sweep
+  horizon, so polls are probes), counts every statement its engines send during
+  ``--idle-seconds``, by kind. Not counted: the PostgreSQL listener's connection (not
+  an engine's), which sends one ``SELECT 1`` every 30 s, and the full sweep, once per
+  10 minutes per worker (``scheduling.discovery``), which a window may miss.
 * Celery: ``celery worker --pool prefork --concurrency 2`` (``benchmarks.celery_app``,
   ``fast``: no result backend, late acks) on a private queue; the same gaps; latency is
   the task's start minus the moment ``apply_async`` returned.
@@ -29,6 +32,8 @@ Results go to ``benchmarks/results/latency.json`` (``--output``), with an
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -38,7 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +88,49 @@ def _wait_for(path: Path, wanted: int, what: str, timeout: float) -> list[list[s
         time.sleep(0.01)
 
 
-def run_dbworker(
-    backend: str, notifications: bool, gaps: Sequence[float], args: argparse.Namespace
-) -> dict[str, Any]:
+@dataclasses.dataclass
+class Service:
+    """A running worker service and the application's side of it."""
+
+    label: str
+    process: subprocess.Popen[str]
+    session_factory: Any
+    notes: Path
+    server: str
+
+    def insert(self, item_id: int) -> float:
+        """Commit one row; the time ``commit`` returned."""
+        from .latency_work import LatencyItem
+
+        with self.session_factory.begin() as session:
+            session.add(LatencyItem(id=item_id))
+        return time.time()
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
+
+    def receive(self, timeout: float) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        return _read_json_line(self.process.stdout, timeout)
+
+    def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.send(message)
+        return self.receive(timeout)
+
+
+#: Notes per row: bench_pickup's start and end, bench_after's start.
+NOTES_PER_ITEM = 3
+
+
+@contextlib.contextmanager
+def service(backend: str, notifications: bool, args: argparse.Namespace) -> Iterator[Service]:
+    """A worker service on a scratch database, warmed up with ``--warmup`` rows."""
     import sqlalchemy as sa
     from sqlalchemy.orm import sessionmaker
 
-    from .latency_work import AFTER, OUT_ENV, PICKUP, LatencyItem, build
+    from .latency_work import OUT_ENV, build
 
     label = f"dbworker/{backend}/{'notify' if notifications else 'poll'}"
     with (
@@ -105,35 +146,20 @@ def run_dbworker(
             env=child_environment(**{OUT_ENV: str(out)}),
             cwd=REPOSITORY,
         )
-        assert process.stdin is not None and process.stdout is not None
         engine = sa.create_engine(url)
         try:
-            process.stdin.write(json.dumps({"url": url, "notifications": notifications}) + "\n")
-            process.stdin.flush()
-            ready = _read_json_line(process.stdout, args.timeout)
             session_factory = sessionmaker(engine)
             # The application's side: registering is enough for its commits to announce.
             build(session_factory, url, notifications)
-            notes_per_item = 3  # pickup start, pickup end, after start
+            running = Service(label, process, session_factory, out, "")
+            running.server = running.request(
+                {"url": url, "notifications": notifications}, args.timeout
+            )["server"]
             for i in range(1, args.warmup + 1):
-                with session_factory.begin() as session:
-                    session.add(LatencyItem(id=i))
-                _wait_for(out, notes_per_item * i, f"{label} warm-up", args.timeout)
-            committed: dict[int, float] = {}
-            for n, gap in enumerate(gaps):
-                time.sleep(gap)
-                item_id = args.warmup + 1 + n
-                with session_factory.begin() as session:
-                    session.add(LatencyItem(id=item_id))
-                committed[item_id] = time.time()
-            total = notes_per_item * (args.warmup + len(gaps))
-            notes = _wait_for(out, total, label, args.timeout + 30)
-            idle = None
-            if args.idle_seconds > 0:
-                time.sleep(args.idle_settle)
-                process.stdin.write(json.dumps({"idle": args.idle_seconds}) + "\n")
-                process.stdin.flush()
-                idle = _read_json_line(process.stdout, args.idle_seconds + args.timeout)
+                running.insert(i)
+                _wait_for(out, NOTES_PER_ITEM * i, f"{label} warm-up", args.timeout)
+            yield running
+            assert process.stdin is not None and process.stdout is not None
             process.stdin.close()
             _read_json_line(process.stdout, 60)
             process.wait(timeout=30)
@@ -141,18 +167,50 @@ def run_dbworker(
             engine.dispose()
             if process.poll() is None:
                 stop_process(process)
+
+
+def run_dbworker(
+    backend: str, notifications: bool, gaps: Sequence[float], args: argparse.Namespace
+) -> dict[str, Any]:
+    from .latency_work import AFTER, PICKUP
+
+    with service(backend, notifications, args) as running:
+        committed: dict[int, float] = {}
+        for n, gap in enumerate(gaps):
+            time.sleep(gap)
+            item_id = args.warmup + 1 + n
+            committed[item_id] = running.insert(item_id)
+        total = NOTES_PER_ITEM * (args.warmup + len(gaps))
+        notes = _wait_for(running.notes, total, running.label, args.timeout + 30)
+    label, server = running.label, running.server
     stamps = {(w, int(i), e): float(t) for w, i, e, t in notes}
     pickup = [stamps[(PICKUP, i, "start")] - t for i, t in committed.items()]
     dependent = [stamps[(AFTER, i, "start")] - stamps[(PICKUP, i, "end")] for i in committed]
     return {
         "system": label,
-        "server": ready["server"],
+        "server": server,
         "notifications": notifications,
         "items": len(committed),
         "pickup": latency_summary(pickup),
         "dependent": latency_summary(dependent),
-        "idle": idle,
     }
+
+
+def measure_idle(backends: Sequence[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Every backend's worker service at once (wake-ups on), idle after its warm-up:
+    statements per second once the backoff has reached ``max_poll_seconds`` and the
+    watermark has stood still past the sweep horizon (``--idle-settle``)."""
+    with contextlib.ExitStack() as stack:
+        services = {b: stack.enter_context(service(b, True, args)) for b in backends}
+        time.sleep(args.idle_settle)
+        for running in services.values():  # all windows at once
+            running.send({"idle": args.idle_seconds})
+        found = {}
+        for backend, running in services.items():
+            found[backend] = running.receive(args.idle_seconds + args.timeout)
+            found[backend]["workers"] = 2
+            found[backend]["per_worker_per_second"] = round(found[backend]["per_second"] / 2, 4)
+    return found
 
 
 def run_celery(gaps: Sequence[float], args: argparse.Namespace) -> dict[str, Any]:
@@ -234,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-gap", type=float, default=0.2, help="seconds")
     parser.add_argument("--max-gap", type=float, default=2.5, help="seconds")
     parser.add_argument("--seed", type=int, default=12)
-    parser.add_argument("--idle-settle", type=float, default=20.0, help="seconds")
+    parser.add_argument("--idle-settle", type=float, default=140.0, help="seconds")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="0: skip")
     parser.add_argument("--no-celery", action="store_true")
     parser.add_argument("--modes", default="notify,poll", help="notify,poll")
@@ -256,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
             runs[run["system"]] = run
             log(f"  pickup {run['pickup']}, dependent {run['dependent']}")
     report["runs"] = runs
+    if args.idle_seconds > 0:
+        log("idle cost: measuring every database at once")
+        report["idle"] = measure_idle(args.dialects, args)
     report["acceptance"] = acceptance(runs)
     write_report(args.output, report)
     print(

@@ -290,6 +290,23 @@ class Dialect:
             )
         return self._add_pending(conn, worker, conn.execute(query).all())
 
+    def probe(self, conn: Connection, worker: WorkerTable, above: Any) -> bool:
+        """Whether a poll may find anything: a source row above ``above`` (the
+        watermark), or any open record. Two index probes in one statement (the end of
+        the primary key, the first open record), so an idle poll reads next to nothing."""
+        table, pk = worker.table, worker.source_pk
+        # max(), not EXISTS(pk > above): every planner answers max() of an indexed
+        # column from the index's end, while a never-analyzed PostgreSQL table gets a
+        # sequential scan for the EXISTS (and reads it all when nothing is newer).
+        newest = select(func.max(pk)).scalar_subquery()
+        statement = select(
+            or_(
+                newest > bindparam("above", type_=pk.type),
+                exists().where(_in(table.c.status, OPEN)),
+            )
+        )
+        return bool(conn.execute(statement, {"above": above}).scalar())
+
     def watermark(self, conn: Connection, worker: WorkerTable) -> Any:
         return conn.execute(select(func.max(worker.table.c.source_id))).scalar()
 

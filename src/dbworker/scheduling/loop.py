@@ -202,6 +202,7 @@ class Scheduler:
                 # polling at its shortest interval.
                 state.next_poll = min(state.next_poll, now)
                 state.discovery.ran_short(now)
+                state.discovery.idle = False
 
     # -- renewal ---------------------------------------------------------------------
 
@@ -246,6 +247,14 @@ class Scheduler:
     def _poll(self, state: WorkerState, now: float) -> None:
         worker = state.worker
         try:
+            above = state.discovery.probe_above(now)
+            if above is not None and not self.outbox.transaction(
+                f"probing for work of worker={worker.name}",
+                lambda conn: self.dialect.probe(conn, worker.table, above),
+                read_only=True,
+            ):
+                state.next_poll = now + state.backoff.next_wait()
+                return
             discovered = state.discovery.due(now)
             if discovered:
                 state.discovery.run(self.outbox, self.dialect, worker.table, now)
@@ -268,6 +277,7 @@ class Scheduler:
             state.discovery.ran_short(now)  # known work ran short: look for new rows
         elif discovered:
             state.discovery.claims_full(now, self.timings.poll_seconds)
+        state.discovery.idle = not claims
         if not claims:
             state.next_poll = now + state.backoff.next_wait()
             return
