@@ -384,6 +384,11 @@ class Coordinator:
         return cached[1]
 
     def _wakeups(self, engine: Engine) -> Wakeups | None:
+        if self._hook is not None and not self._hook.installed:
+            log.info(
+                "coordinator: session_factory is not a sessionmaker, so its commits "
+                "cannot announce new work; this coordinator is still woken by others"
+            )
         if not self.notifications:
             log.info(
                 "coordinator: wake-ups off (notifications=False); new work is found by "

@@ -104,15 +104,15 @@ class Listener:
             wait = RECONNECT_SECONDS
             self.connections += 1
             self.listening.set()
+            if self.connections > 1 or lost_at is not None:
+                # Notifications sent while we were away are gone: look at everything now.
+                self._wake(None)
             if lost_at is not None:
                 log.warning(
                     "dbworker: listening for notifications again after %.1fs",
                     time.monotonic() - lost_at,
                 )
                 lost_at = None
-            if self.connections > 1:
-                # Notifications sent while we were away are gone: look at everything now.
-                self._wake(None)
             try:
                 self._listen(conn)
             except Exception as exc:
