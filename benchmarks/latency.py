@@ -9,8 +9,9 @@ worker starts after its prerequisite finishes.
   The benchmark is the application: after a warm-up it commits ``--items`` rows, one
   per transaction through its own ``sessionmaker`` (which the ``Coordinator`` it builds
   listens on), each after a random gap of ``--min-gap``..``--max-gap`` seconds. Pickup
-  latency is the handler's first statement minus the moment ``commit`` returned (both
-  ``time.time()`` on this host). Dependent latency: ``bench_after`` (eligible once
+  latency is the handler's first statement minus the moment the commit completed (an
+  ``after_commit`` listener registered before dbworker's; both ``time.time()`` on this
+  host). Dependent latency: ``bench_after`` (eligible once
   ``bench_pickup`` has FINISHED the row) starting, minus ``bench_pickup``'s handler
   returning (so it includes the commit of that finish). Each database runs twice:
   ``notifications=True`` (the default) and ``False`` (polling alone).
@@ -98,13 +99,19 @@ class Service:
     notes: Path
     server: str
 
+    #: When the last commit completed (set by an ``after_commit`` listener).
+    committed_at: float = 0.0
+
     def insert(self, item_id: int) -> float:
-        """Commit one row; the time ``commit`` returned."""
+        """Commit one row; the time the database's commit completed."""
         from .latency_work import LatencyItem
 
         with self.session_factory.begin() as session:
             session.add(LatencyItem(id=item_id))
-        return time.time()
+        return self.committed_at
+
+    def stamp(self, _session: Any) -> None:
+        self.committed_at = time.time()
 
     def send(self, message: dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -128,6 +135,7 @@ NOTES_PER_ITEM = 3
 def service(backend: str, notifications: bool, args: argparse.Namespace) -> Iterator[Service]:
     """A worker service on a scratch database, warmed up with ``--warmup`` rows."""
     import sqlalchemy as sa
+    from sqlalchemy import event
     from sqlalchemy.orm import sessionmaker
 
     from .latency_work import OUT_ENV, build
@@ -149,9 +157,12 @@ def service(backend: str, notifications: bool, args: argparse.Namespace) -> Iter
         engine = sa.create_engine(url)
         try:
             session_factory = sessionmaker(engine)
+            running = Service(label, process, session_factory, out, "")
+            # Listening before dbworker does, the stamp is taken as the commit completes,
+            # before dbworker's own after_commit sends a wake-up (SQLite, MariaDB).
+            event.listen(session_factory, "after_commit", running.stamp)
             # The application's side: registering is enough for its commits to announce.
             build(session_factory, url, notifications)
-            running = Service(label, process, session_factory, out, "")
             running.server = running.request(
                 {"url": url, "notifications": notifications}, args.timeout
             )["server"]
