@@ -101,6 +101,8 @@ class Service:
 
     #: When the last commit completed (set by an ``after_commit`` listener).
     committed_at: float = 0.0
+    #: The application's Coordinator (registrations only, never started).
+    application: Any = None
 
     def insert(self, item_id: int) -> float:
         """Commit one row; the time the database's commit completed."""
@@ -162,7 +164,7 @@ def service(backend: str, notifications: bool, args: argparse.Namespace) -> Iter
             # before dbworker's own after_commit sends a wake-up (SQLite, MariaDB).
             event.listen(session_factory, "after_commit", running.stamp)
             # The application's side: registering is enough for its commits to announce.
-            build(session_factory, url, notifications)
+            running.application = build(session_factory, url, notifications)
             running.server = running.request(
                 {"url": url, "notifications": notifications}, args.timeout
             )["server"]

@@ -3,6 +3,7 @@ idle polls run, the local channel's sockets, and the pooler check of the listene
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 import threading
@@ -227,3 +228,41 @@ def test_the_probe_reads_indexes_only_on_a_never_analyzed_history(database_url: 
     text = "\n".join(plan)
     scans = {"postgresql": "Seq Scan", "sqlite": "SCAN wk_", "mysql": " ALL "}
     assert scans[name] not in text, text
+
+
+def test_an_application_coordinator_that_was_dropped_still_announces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The application builds a Coordinator to register its workers and keeps only the
+    session factory: its commits must still wake the worker service."""
+    runtime = Path(tempfile.mkdtemp(prefix="dbw"))
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(runtime / "run"))
+    url = f"sqlite:///{runtime / 'app.db'}"
+    engine = create_engine(url)
+    Base.metadata.create_all(engine)
+    session_factory = sessionmaker(engine)
+    coordinator = Coordinator(session_factory, database_url=url)
+    coordinator.transactional_worker(name="wk_thumb", source=Photo)(handle)
+    identity = for_url(url).identity(coordinator._url)
+    del coordinator
+    gc.collect()
+    got: list[set[str] | None] = []
+    arrived = threading.Event()
+
+    def wake(names: set[str] | None) -> None:
+        got.append(names)
+        arrived.set()
+
+    receiver = Receiver(identity, wake)
+    assert receiver.start()
+    try:
+        with session_factory.begin() as session:
+            session.add(Album(id=1, enabled=True))
+            session.flush()
+            session.add(Photo(id=1, album_id=1))
+        assert arrived.wait(10)
+        assert got == [{"wk_thumb"}]
+    finally:
+        receiver.stop()
+        engine.dispose()
+        shutil.rmtree(runtime)

@@ -12,7 +12,6 @@ be sent leaves the work to polling.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -127,17 +126,12 @@ def _names(channels: Iterable[str]) -> set[str]:
 
 
 def _install(session_factory: Any, hook: SessionHook) -> bool:
-    """Listen on ``session_factory``'s events through a weak reference: the factory
-    lives as long as the application, the coordinator perhaps not (tests build many)."""
-    ref = weakref.ref(hook)
+    """Listen on ``session_factory``'s events. The factory holds the hook (and so the
+    coordinator's registrations) for as long as it lives: an application that builds a
+    Coordinator only to register its workers, and drops it, must still announce."""
 
     def relay(name: str) -> Callable[..., None]:
-        def call(*args: Any) -> None:
-            target = ref()
-            if target is not None:
-                getattr(target, name)(*args)
-
-        return call
+        return getattr(hook, name)  # type: ignore[no-any-return]
 
     names = (
         "after_flush",

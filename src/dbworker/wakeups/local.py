@@ -173,5 +173,7 @@ class Receiver:
             self._thread.join(timeout=5)
         with contextlib.suppress(OSError):
             path.unlink()
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()  # the database's directory, if no one else listens
         sock.close()
         self._socket = None
