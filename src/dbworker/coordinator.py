@@ -337,7 +337,7 @@ class Coordinator:
                     states,
                     timings,
                     Owner.current(),
-                    self._wakeups(engine),
+                    wakeups=self._wakeups(engine),
                 )
                 scheduler.start()
             except BaseException:
