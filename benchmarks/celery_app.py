@@ -18,6 +18,8 @@ the benchmark builds the same app for sending with ``make_app``.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from typing import Any
 
 from celery import Celery
@@ -27,6 +29,33 @@ CONFIG_ENV = "DBWORKER_BENCH_CELERY_CONFIG"
 KEYS_ENV = "DBWORKER_BENCH_CELERY_KEYS"
 CONFIGS = ("fast", "results")
 TASK = "dbworker_bench.noop"
+STAMP_TASK = "dbworker_bench.stamp"
+
+
+def worker_command(queue: str, concurrency: int) -> list[str]:
+    """The ``celery worker`` command of the benchmarks: prefork, on a private queue,
+    without the cluster chatter (gossip, mingle, heartbeats) a lone worker needs not."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "benchmarks.celery_app",
+        "worker",
+        "--pool",
+        "prefork",
+        "--concurrency",
+        str(concurrency),
+        "--queues",
+        queue,
+        "--hostname",
+        f"{queue}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel",
+        "WARNING",
+    ]
 
 
 def unacked_keys(keys: str) -> dict[str, str]:
@@ -40,6 +69,16 @@ def unacked_keys(keys: str) -> dict[str, str]:
 
 def _noop() -> None:
     return None
+
+
+def _stamp(item_id: int, path: str) -> None:
+    """Note when the task started (``benchmarks.latency``): ``<id> <epoch seconds>``."""
+    line = f"{item_id} {time.time():.6f}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
 def make_app(config: str, keys: str = "dbw_bench") -> Any:
@@ -62,6 +101,7 @@ def make_app(config: str, keys: str = "dbw_bench") -> Any:
             worker_prefetch_multiplier=4,
         )
     app.task(name=TASK, shared=False)(_noop)
+    app.task(name=STAMP_TASK, shared=False)(_stamp)
     return app
 
 

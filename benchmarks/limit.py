@@ -210,6 +210,7 @@ class PostgreSQLRunner(Runner):
         self.conn.commit()
         return sorted((row[0], row[1]) for row in rows)
 
+
 class MySQLRunner(Runner):
     def __init__(self, spec: RunnerSpec) -> None:
         super().__init__(spec)
@@ -246,6 +247,7 @@ class MySQLRunner(Runner):
         )
         self.conn.commit()
         return [(source_id, token + 1) for source_id, token in locked]
+
 
 class SQLiteRunner(Runner):
     def __init__(self, spec: RunnerSpec) -> None:

@@ -264,27 +264,7 @@ def run_celery(config: str, items: int, args: argparse.Namespace) -> dict[str, A
     unacked = celery_app.unacked_keys(keys)["unacked_key"]
     poll = args.poll_ms / 1000
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "benchmarks.celery_app",
-            "worker",
-            "--pool",
-            "prefork",
-            "--concurrency",
-            str(args.concurrency),
-            "--queues",
-            queue,
-            "--hostname",
-            f"{queue}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel",
-            "WARNING",
-        ],
+        celery_app.worker_command(queue, args.concurrency),
         env=child_environment(**{celery_app.CONFIG_ENV: config, celery_app.KEYS_ENV: keys}),
         cwd=REPOSITORY,
         stdout=subprocess.DEVNULL,  # its banner; warnings and errors still reach stderr

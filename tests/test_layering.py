@@ -37,6 +37,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "dashboard": frozenset(
         {"core", "overview", "records_view", "registry", "coordinator", "worker", "dashboard"}
     ),
+    "wakeups": frozenset({"core", "dialects", "wakeups"}),
 }
 #: Third-party packages a layer must not import: the core is pure, with no SQL.
 FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {

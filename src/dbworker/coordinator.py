@@ -37,6 +37,9 @@ from .preflight import (
 from .registry import Heartbeat, Timing, banner, start_heartbeat
 from .scheduling import Scheduler, WorkerState
 from .schema import PRELOAD_MODULES, coordinators_table, expected_columns
+from .wakeups import SessionHook, Wakeups, Watched, trigger_ddl, watched
+from .wakeups.local import Sender
+from .wakeups.targets import by_table
 from .worker import (
     DEFAULT_MAX_CRASHES,
     Eligible,
@@ -76,6 +79,7 @@ class Coordinator:
         poll_seconds: float = 0.25,
         max_poll_seconds: float = 10,
         executor: ExecutorChoice | str = "pool",
+        notifications: bool = True,
     ) -> None:
         check_sync_session_factory(session_factory)
         if not callable(session_factory):
@@ -106,6 +110,18 @@ class Coordinator:
         #: The registry's periods (``dbworker.registry``); tests shorten them.
         self._registry_timing = Timing()
         self._heartbeat: Heartbeat | None = None
+        if not isinstance(notifications, bool):
+            raise ConfigurationError(f"notifications must be True or False, got {notifications!r}")
+        #: Whether commits wake coordinators (NOTIFY, the local channel); polling
+        #: alone finds the work when False.
+        self.notifications = notifications
+        self._watch: tuple[tuple[str, ...], dict[Table, frozenset[str]]] | None = None
+        self._sender = Sender(self._dialect.identity(self._url))
+        self._hook = (
+            SessionHook(session_factory, self._wake_targets, self._sender)
+            if notifications
+            else None
+        )
 
     @property
     def database_url(self) -> str:
@@ -334,7 +350,13 @@ class Coordinator:
                     backoff = PollBackoff(timings.poll_seconds, timings.max_poll_seconds)
                     states.append(WorkerState(worker, self._executor(worker, runner), backoff))
                 scheduler = Scheduler(
-                    engine, self._dialect, states, timings, Owner.current(), self._events
+                    engine,
+                    self._dialect,
+                    states,
+                    timings,
+                    Owner.current(),
+                    events=self._events,
+                    wakeups=self._wakeups(engine),
                 )
                 scheduler.start()
             except BaseException:
@@ -368,6 +390,76 @@ class Coordinator:
         log.info(
             "%s", banner(self._workers.values(), self._url.render_as_string(hide_password=True))
         )
+
+    # -- wake-ups ------------------------------------------------------------------------
+
+    def _watched(self) -> list[Watched]:
+        return [
+            watched(w.name, w.table.source_pk.table, w.eligible_query)
+            for w in list(self._workers.values())
+        ]
+
+    def _wake_targets(self) -> dict[Table, frozenset[str]]:
+        """The channels each table's writes wake, rebuilt when a worker registers (the
+        application's flushes ask; usually long after registration is over)."""
+        names = tuple(self._workers)
+        cached = self._watch
+        if cached is None or cached[0] != names:
+            cached = self._watch = (names, by_table(self._watched()))
+        return cached[1]
+
+    def _wakeups(self, engine: Engine) -> Wakeups | None:
+        if self._hook is not None and not self._hook.installed:
+            log.info(
+                "coordinator: session_factory is not a sessionmaker, so its commits "
+                "cannot announce new work; this coordinator is still woken by others"
+            )
+        if not self.notifications:
+            log.info(
+                "coordinator: wake-ups off (notifications=False); new work is found by "
+                "polling every %ss to %ss",
+                self._timings.poll_seconds,
+                self._timings.max_poll_seconds,
+            )
+            return None
+        return Wakeups(
+            engine,
+            self._watched(),
+            notify=self._dialect.supports_notify,
+            identity=self._dialect.identity(self._url),
+            sender=self._sender,
+        )
+
+    def notify_trigger_sql(self, worker: str) -> list[str]:
+        """PostgreSQL DDL for an opt-in trigger that wakes ``worker`` on any write to the
+        tables its ``eligible`` reads (its source included), by whomever: raw SQL,
+        another service, a bulk load. Run it in a migration (``op.execute``) or with
+        ``create_notify_triggers()``. See docs/databases.md for what NOTIFY costs."""
+        registration = self._registration(worker)
+        if not self._dialect.supports_notify:
+            raise ConfigurationError(
+                f"notification triggers need PostgreSQL; {self._url.get_backend_name()} "
+                "has no NOTIFY (writes through the session factory still wake workers on "
+                "this host, and polling finds the rest)"
+            )
+        (found,) = [w for w in self._watched() if w.name == registration.name]
+        statements: list[str] = []
+        own = {table_name(name) for name in self._workers}
+        for table in sorted(found.tables, key=lambda t: t.fullname):
+            if table.name not in own:  # dbworker's tables: completions announce themselves
+                statements += trigger_ddl(table, found.channel)
+        # The shared function is created once, before the triggers that call it.
+        first = statements[0]
+        return [first, *[s for s in statements if s != first]]
+
+    def create_notify_triggers(self, workers: Iterable[str] | None = None) -> None:
+        """Create ``notify_trigger_sql``'s triggers for ``workers`` (default: all)."""
+        with self.session_factory() as session:
+            conn = session.connection()
+            for name in workers or list(self._workers):
+                for statement in self.notify_trigger_sql(name):
+                    conn.exec_driver_sql(statement)
+            session.commit()
 
     def _preload_forkserver(self) -> None:
         # Handler processes fork from multiprocessing's fork server: modules it has

@@ -171,6 +171,9 @@ class Dialect:
     #: Whether a handler process reads the source row in a read transaction of its own
     #: (begun on a connection with ``READ_ONLY_OPTION``) before the handler's transaction.
     source_read_apart: ClassVar[bool] = False
+    #: Whether the database delivers transactional notifications (NOTIFY/LISTEN), with
+    #: which writers wake coordinators on other hosts (dbworker.wakeups).
+    supports_notify: ClassVar[bool] = False
     #: How many candidate rows a discovery or sweep round reads at most.
     discovery_batch: ClassVar[int] = 1000
 
@@ -206,6 +209,14 @@ class Dialect:
             and port(ours) == port(theirs)
             and (ours.database or "") == (theirs.database or "")
         )
+
+    def identity(self, url: URL) -> str:
+        """One spelling of the database ``url`` names, the same wherever it is spelled
+        alike by ``same_database``: writers and coordinators on one host meet under it."""
+        host = (url.host or "").lower()
+        host = "localhost" if host in _LOOPBACK else host
+        port = url.port or self.default_port
+        return f"{url.get_backend_name()}://{host}:{port}/{url.database or ''}"
 
     def configure_engine(self, engine: Engine) -> None:
         """Set up an engine dbworker created itself (coordinator or child process).
@@ -278,6 +289,23 @@ class Dialect:
                 ~exists().where(table.c.source_id == pk, table.c.source_id > above)
             )
         return self._add_pending(conn, worker, conn.execute(query).all())
+
+    def probe(self, conn: Connection, worker: WorkerTable, above: Any) -> bool:
+        """Whether a poll may find anything: a source row above ``above`` (the
+        watermark), or any open record. Two index probes in one statement (the end of
+        the primary key, the first open record), so an idle poll reads next to nothing."""
+        table, pk = worker.table, worker.source_pk
+        # max(), not EXISTS(pk > above): every planner answers max() of an indexed
+        # column from the index's end, while a never-analyzed PostgreSQL table gets a
+        # sequential scan for the EXISTS (and reads it all when nothing is newer).
+        newest = select(func.max(pk)).scalar_subquery()
+        statement = select(
+            or_(
+                newest > bindparam("above", type_=pk.type),
+                exists().where(_in(table.c.status, OPEN)),
+            )
+        )
+        return bool(conn.execute(statement, {"above": above}).scalar())
 
     def watermark(self, conn: Connection, worker: WorkerTable) -> Any:
         return conn.execute(select(func.max(worker.table.c.source_id))).scalar()

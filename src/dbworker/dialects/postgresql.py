@@ -87,6 +87,8 @@ class PostgreSQLDialect(Dialect):
     new_connection_is_cold: ClassVar[bool] = True
     # libpq's client state is plain memory a fork copies; DISCARD ALL resets the rest.
     sessions_outlive_processes: ClassVar[bool] = True
+    # NOTIFY is delivered with the commit, to listeners on any host.
+    supports_notify: ClassVar[bool] = True
 
     def db_now(self) -> ColumnElement[float]:
         # clock_timestamp(), not now(): now() is frozen at transaction start, and a

@@ -74,6 +74,9 @@ class SQLiteDialect(Dialect):
         # A file, whatever the spelling of its path (relative, URI filename).
         return _file_path(ours) == _file_path(theirs)
 
+    def identity(self, url: URL) -> str:
+        return f"sqlite:{_file_path(url)}"
+
     def db_now(self) -> ColumnElement[float]:
         # julianday() has millisecond resolution and is fixed for one statement.
         return ((func.julianday(literal("now")) - 2440587.5) * 86400.0).cast(Float())

@@ -37,6 +37,8 @@ class DiscoverySchedule:
     next_sweep: float = 0.0
     next_full_sweep: float = 0.0
     next_discovery: float = 0.0
+    #: The last poll claimed nothing, and no wake-up came since: the next may probe.
+    idle: bool = False
 
     def due(self, now: float) -> bool:
         return now >= self.next_discovery
@@ -49,6 +51,16 @@ class DiscoverySchedule:
         """Discovery just ran and the claim after it came back full: known records feed
         the next claims, so the next discovery waits until they run short."""
         self.next_discovery = now + max(poll_seconds, BUSY_DISCOVERY_SECONDS)
+
+    def probe_above(self, now: float) -> Any:
+        """The watermark above which an idle poll may probe instead of discovering and
+        claiming; None when a full poll is due. Only once the watermark has stood still
+        for the sweep horizon (then the recent-rows sweep covers what discovery does)
+        and no full sweep is due."""
+        if not self.idle or not self.watermarks or now >= self.next_full_sweep:
+            return None
+        seen_at, watermark = self.watermarks[-1]
+        return watermark if seen_at <= now - SWEEP_HORIZON_SECONDS else None
 
     def run(self, outbox: Outbox, dialect: Dialect, table: WorkerTable, now: float) -> None:
         """Discover (and sweep, when due) in transactions of ``outbox``; raises Deferred."""

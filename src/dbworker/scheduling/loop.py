@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Engine
 from ..core.timing import Timings
 from ..dialects import Dialect, Owner
 from ..events import Events
+from ..wakeups import Wakeups
 from .outbox import Deferred, Health, Outbox
 from .outcomes import Outcomes
 from .state import WorkerState
@@ -39,6 +40,7 @@ class Scheduler:
         timings: Timings,
         owner: Owner,
         events: Events | None = None,
+        wakeups: Wakeups | None = None,
     ) -> None:
         self.dialect = dialect
         #: Where the scheduler reports what happens to items (``dbworker.events``).
@@ -57,6 +59,12 @@ class Scheduler:
         self._wake_read.setblocking(False)
         self._next_renewal = time.monotonic() + timings.renew_every
         self._waiter = _Waiter()
+        self.wakeups = wakeups
+        #: Workers a wake-up named since the last pass (None in it: all of them).
+        self._woken: set[str | None] = set()
+        self._woken_lock = threading.Lock()
+        #: How many wake-ups arrived (for tests and diagnostics).
+        self.wakeups_received = 0
         self.thread = threading.Thread(target=self._run, name="dbworker-scheduler")
 
     # -- control (any thread) ------------------------------------------------------
@@ -65,6 +73,8 @@ class Scheduler:
         for state in self.states.values():
             state.executor.start()
         self.health.running = True
+        if self.wakeups is not None:
+            self.wakeups.start(self.wake_workers)
         self.thread.start()
 
     def request_stop(self, kill_after: float | None) -> None:
@@ -77,12 +87,23 @@ class Scheduler:
         with contextlib.suppress(OSError):
             self._wake_write.send(b"x")
 
+    def wake_workers(self, names: set[str] | None) -> None:
+        """New work may be there for ``names`` (None: every worker): poll them now."""
+        with self._woken_lock:
+            self.wakeups_received += 1
+            if names is None:
+                self._woken.add(None)
+            else:
+                self._woken |= names
+        self.wake()
+
     # -- the loop ------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while True:
                 now = time.monotonic()
+                self._take_wakeups(now)
                 self._collect()
                 self.outbox.flush()
                 if self._stopping.is_set():
@@ -111,6 +132,8 @@ class Scheduler:
             self.health.crashed = f"{type(exc).__name__}: {exc}"
             raise
         finally:
+            if self.wakeups is not None:
+                self.wakeups.stop()
             for state in self.states.values():
                 state.executor.shutdown()
             self.health.running = False
@@ -158,9 +181,32 @@ class Scheduler:
                 pass
 
     def _collect(self) -> None:
+        completed: set[str] = set()
         for state in self.states.values():
             for result in state.executor.collect():
                 self.outcomes.handle(state, result)
+                completed.add(state.worker.name)
+        if completed and self.wakeups is not None:
+            # This coordinator's own dependents are polled at once (Outcomes.handle);
+            # others serving them hear of it through the database or this host.
+            names = self.wakeups.to_announce(completed)
+            if names:
+                with contextlib.suppress(Deferred):
+                    self.wakeups.announce(names, self.outbox.transaction)
+
+    def _take_wakeups(self, now: float) -> None:
+        with self._woken_lock:
+            woken, self._woken = self._woken, set()
+        if not woken:
+            return
+        for name, state in self.states.items():
+            if None in woken or name in woken:
+                # Poll now and discover first. The backoff is left as it is: a wake-up
+                # that finds nothing (another coordinator was faster) must not restart
+                # polling at its shortest interval.
+                state.next_poll = min(state.next_poll, now)
+                state.discovery.ran_short(now)
+                state.discovery.idle = False
 
     # -- renewal ---------------------------------------------------------------------
 
@@ -205,6 +251,14 @@ class Scheduler:
     def _poll(self, state: WorkerState, now: float) -> None:
         worker = state.worker
         try:
+            above = state.discovery.probe_above(now)
+            if above is not None and not self.outbox.transaction(
+                f"probing for work of worker={worker.name}",
+                lambda conn: self.dialect.probe(conn, worker.table, above),
+                read_only=True,
+            ):
+                state.next_poll = now + state.backoff.next_wait()
+                return
             discovered = state.discovery.due(now)
             if discovered:
                 state.discovery.run(self.outbox, self.dialect, worker.table, now)
@@ -227,6 +281,7 @@ class Scheduler:
             state.discovery.ran_short(now)  # known work ran short: look for new rows
         elif discovered:
             state.discovery.claims_full(now, self.timings.poll_seconds)
+        state.discovery.idle = not claims
         if not claims:
             state.next_poll = now + state.backoff.next_wait()
             return

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from ..dialects import Dialect
+from ..dialects.base import READ_ONLY_OPTION
 from ..events import Event, EventKind, Events
 
 log = logging.getLogger("dbworker")
@@ -67,16 +68,22 @@ class Outbox:
         description: str,
         action: Callable[[Connection], Any],
         extra: dict[str, Any] | None = None,
+        *,
+        read_only: bool = False,
     ) -> Any:
         """Run ``action`` in one transaction; on a database error log it and raise Deferred.
 
         ``extra`` names the item the transaction is about, for the log records.
+        ``read_only`` transactions take no write lock (SQLite begins them deferred).
         """
         if time.monotonic() < self.blocked_until:
             raise Deferred
         try:
-            with self.engine.begin() as conn:
-                result = action(conn)
+            with self.engine.connect() as conn:
+                if read_only:
+                    conn = conn.execution_options(**{READ_ONLY_OPTION: True})
+                with conn.begin():
+                    result = action(conn)
         except Exception as exc:
             self._error(description, exc, extra)
             raise Deferred from exc

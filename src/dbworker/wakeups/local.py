@@ -1,0 +1,179 @@
+"""The same-host channel: one Unix datagram socket per running coordinator.
+
+Why datagram sockets in a directory per database: they need no server and no
+database round trip (SQLite has neither NOTIFY nor a server); a send never blocks
+the writer (a full receiver queue means that receiver is already due to wake);
+several coordinators can listen at once, each on its own socket; a coordinator that
+died leaves a socket file that refuses the next send and is removed by the sender.
+FIFOs would block or fail writers when no one reads, and would need one reader.
+
+The directory is ``$DBWORKER_RUNTIME_DIR`` or ``<tempdir>/dbworker-<uid>``, mode
+0700, then one subdirectory per database (a digest of its identity). Writers and
+coordinators must run as the same user, with the same temporary directory, to meet.
+A message is the names of the workers concerned, separated by spaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import secrets
+import socket
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+log = logging.getLogger("dbworker")
+
+RUNTIME_DIR_ENV = "DBWORKER_RUNTIME_DIR"
+#: A datagram carries at most this much; longer messages wake every worker.
+MAX_MESSAGE = 8192
+_WAKE_ALL = b"*"
+_STOP = b"\0stop"
+
+
+def runtime_dir() -> Path:
+    configured = os.environ.get(RUNTIME_DIR_ENV)
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / f"dbworker-{os.getuid()}"
+
+
+def channel_dir(identity: str) -> Path:
+    """The directory of one database's sockets (``identity`` names the database)."""
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:20]
+    return runtime_dir() / digest
+
+
+def _prepare(directory: Path) -> None:
+    directory.parent.mkdir(mode=0o700, exist_ok=True)
+    stat = directory.parent.stat()
+    # Anyone who can write here can wake (not harm) our workers; still, refuse a
+    # directory another user made for us.
+    if stat.st_uid != os.getuid():
+        raise PermissionError(f"{directory.parent} belongs to another user")
+    directory.mkdir(mode=0o700, exist_ok=True)
+
+
+def encode(names: Iterable[str] | None) -> bytes:
+    if names is None:
+        return _WAKE_ALL
+    message = " ".join(sorted(names)).encode()
+    return message if len(message) <= MAX_MESSAGE else _WAKE_ALL
+
+
+class Sender:
+    """Sends wake-ups to every coordinator listening on one database (thread-safe)."""
+
+    def __init__(self, identity: str) -> None:
+        self.directory = channel_dir(identity)
+        self._socket: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def send(self, names: Iterable[str] | None, exclude: Path | None = None) -> int:
+        """Wake the coordinators serving ``names`` (all workers for None); how many
+        sockets took the message. Never raises: a wake-up is an optimisation."""
+        message = encode(names)
+        try:
+            entries = [
+                e.path
+                for e in os.scandir(self.directory)
+                if e.name.endswith(".sock") and (exclude is None or e.path != str(exclude))
+            ]
+        except OSError:
+            return 0  # no coordinator has listened on this host
+        sent = 0
+        with self._lock:
+            if self._socket is None:
+                try:
+                    self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    self._socket.setblocking(False)
+                except OSError:
+                    return 0
+            for path in entries:
+                try:
+                    self._socket.sendto(message, path)
+                    sent += 1
+                except BlockingIOError:
+                    sent += 1  # its queue is full: it is due to wake anyway
+                except ConnectionRefusedError:
+                    # Nobody is bound: a coordinator that died without cleaning up.
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                except OSError:
+                    pass
+        return sent
+
+    def close(self) -> None:
+        with self._lock:
+            if self._socket is not None:
+                self._socket.close()
+                self._socket = None
+
+
+class Receiver:
+    """One coordinator's socket and the thread that turns its messages into wake-ups."""
+
+    def __init__(self, identity: str, wake: Callable[[set[str] | None], None]) -> None:
+        self.directory = channel_dir(identity)
+        self._wake = wake
+        self._socket: socket.socket | None = None
+        self.path: Path | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> bool:
+        """Bind the socket and start reading; False (said once in the log) if this host
+        cannot have one, in which case polling finds the work."""
+        try:
+            _prepare(self.directory)
+            path = self.directory / f"{os.getpid()}-{secrets.token_hex(4)}.sock"
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                sock.bind(str(path))
+            except OSError:
+                sock.close()
+                raise
+        except OSError as exc:
+            log.warning(
+                "dbworker: no local wake-up channel (%s); new work is found by polling", exc
+            )
+            return False
+        self._socket, self.path = sock, path
+        self._thread = threading.Thread(
+            target=self._run, name="dbworker-local-wakeups", daemon=True
+        )
+        self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        sock = self._socket
+        assert sock is not None
+        while True:
+            try:
+                message = sock.recv(MAX_MESSAGE + 1)
+            except OSError as exc:
+                if exc.errno not in (errno.EINTR, errno.EAGAIN):
+                    return
+                continue
+            if message == _STOP:
+                return
+            self._wake(None if message == _WAKE_ALL else set(message.decode().split()))
+
+    def stop(self) -> None:
+        sock, path = self._socket, self.path
+        if sock is None or path is None:
+            return
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(_STOP, str(path))
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()  # the database's directory, if no one else listens
+        sock.close()
+        self._socket = None
