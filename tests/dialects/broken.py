@@ -203,6 +203,15 @@ class DiscoversOnce(Dialect):
         return super().discover(conn, worker)
 
 
+class WatermarkBeforeDiscovery(Dialect):
+    """discover_to_watermark() reports the watermark as it was before discovery."""
+
+    def discover_to_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        before = self.watermark(conn, worker)
+        added, _ = super().discover_to_watermark(conn, worker)
+        return added, before
+
+
 class SweepIsDiscover(Dialect):
     """sweep() only looks above the watermark, like discover()."""
 
@@ -428,6 +437,12 @@ BREAKAGES: tuple[Breakage, ...] = (
         ("batch_claims_follow_eligible_order", "racing_claims[ordered]"),
     ),
     Breakage("discovers-once", mixin(DiscoversOnce), EVERYWHERE, ("discovers_later_inserts",)),
+    Breakage(
+        "watermark-before-discovery",
+        mixin(WatermarkBeforeDiscovery),
+        EVERYWHERE,
+        ("discovery_reports_its_watermark",),
+    ),
     Breakage(
         "sweep-is-discover",
         mixin(SweepIsDiscover),

@@ -537,6 +537,25 @@ def check_discovers_later_inserts(make_dialect: DialectFactory, url: str) -> Non
         assert ids(h.claim(h.actor(), h.items, by_id(), 10)) == [1, 2, 3, 4, 5]
 
 
+def check_discovery_reports_its_watermark(make_dialect: DialectFactory, url: str) -> None:
+    """``discover_to_watermark`` adds what ``discover`` adds and returns the largest
+    key known after it (what the coordinator's later sweeps start from)."""
+    with Harness(make_dialect, url) as h:
+        h.seed(items=())
+
+        def discover() -> tuple[int, Any]:
+            with h.admin.begin():
+                return h.dialect.discover_to_watermark(h.admin, h.items)
+
+        assert discover() == (0, None)
+        h.add_items(1, 2, 3)
+        assert discover() == (3, 3)
+        assert discover() == (0, 3)
+        h.add_items(7)
+        assert discover() == (1, 7), "the watermark must follow the keys discovery added"
+        assert _known(h, h.items) == {1, 2, 3, 7}
+
+
 def check_sweep_finds_rows_below_watermark(make_dialect: DialectFactory, url: str) -> None:
     """Rows whose keys sit below ones already discovered are found by ``sweep``.
 
@@ -688,6 +707,7 @@ CHECKS: dict[str, Check] = {
     "status_condition_gates_dependent_claims": check_status_condition_gates_dependent_claims,
     "batch_claims_follow_eligible_order": check_batch_claims_follow_eligible_order,
     "discovers_later_inserts": check_discovers_later_inserts,
+    "discovery_reports_its_watermark": check_discovery_reports_its_watermark,
     "sweep_finds_rows_below_watermark": check_sweep_finds_rows_below_watermark,
     "out_of_order_commits_found_by_sweep": check_out_of_order_commits_found_by_sweep,
     "non_integer_keys_discovered": check_non_integer_keys_discovered,

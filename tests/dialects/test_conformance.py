@@ -92,6 +92,10 @@ def test_discovers_later_inserts(make_dialect: DialectFactory, url: str) -> None
     checks.check_discovers_later_inserts(make_dialect, url)
 
 
+def test_discovery_reports_its_watermark(make_dialect: DialectFactory, url: str) -> None:
+    checks.check_discovery_reports_its_watermark(make_dialect, url)
+
+
 def test_sweep_finds_rows_below_watermark(make_dialect: DialectFactory, url: str) -> None:
     checks.check_sweep_finds_rows_below_watermark(make_dialect, url)
 

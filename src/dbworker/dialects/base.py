@@ -269,12 +269,31 @@ class Dialect:
         """
         if not worker.monotonic_keys:
             return self.sweep(conn, worker)
+        return self._discover_above_watermark(conn, worker)[0]
+
+    def discover_to_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        """``discover``, and the watermark after it.
+
+        The watermark comes from what discovery itself read (the largest known key, or
+        the largest key it added) rather than from a second ``max()``: a woken poll
+        costs a round trip less. Another coordinator may have added larger keys
+        meanwhile; a watermark that is low only makes later sweeps look further back.
+        A dialect that overrides ``discover`` keeps its own, followed by that read.
+        """
+        if type(self).discover is not Dialect.discover or not worker.monotonic_keys:
+            return self.discover(conn, worker), self.watermark(conn, worker)
+        return self._discover_above_watermark(conn, worker)
+
+    def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
         table, pk = worker.table, worker.source_pk
         watermark = conn.execute(select(func.max(table.c.source_id))).scalar()
         query = select(pk, self.now()).order_by(pk).limit(self.discovery_batch)
         if watermark is not None:
             query = query.where(pk > watermark)
-        return self._add_pending(conn, worker, conn.execute(query).all())
+        rows = conn.execute(query).all()
+        added = self._add_pending(conn, worker, rows)
+        # In key order and above the old watermark: the last is the largest known now.
+        return added, rows[-1][0] if rows else watermark
 
     def sweep(self, conn: Connection, worker: WorkerTable, above: Any = None) -> int:
         """Add pending records for every source row (above ``above``) that has none."""

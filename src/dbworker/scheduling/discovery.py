@@ -95,7 +95,7 @@ class DiscoverySchedule:
             return
         watermark = outbox.transaction(
             f"discovering rows of worker={name}",
-            lambda conn: (dialect.discover(conn, table), dialect.watermark(conn, table))[1],
+            lambda conn: dialect.discover_to_watermark(conn, table)[1],
         )
         if watermark is not None and (not self.watermarks or self.watermarks[-1][1] != watermark):
             self.watermarks.append((now, watermark))
