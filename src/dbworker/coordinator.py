@@ -376,6 +376,7 @@ class Coordinator:
                 list(self._workers.values()),
                 self._url.render_as_string(hide_password=True),
                 self._registry_timing,
+                activity=lambda: scheduler.health.claimed + scheduler.health.completed,
             )
         for worker in self._workers.values():
             log.debug(

@@ -47,6 +47,11 @@ STATS_SECONDS = 10.0
 STATS_BACKOFF = 20.0
 #: Cached figures older than this are not shown: status counts live instead.
 STATS_MAX_AGE = 600.0
+#: While this coordinator claims and completes nothing, its figures are refreshed only
+#: this often: an idle coordinator's steady cost stays a few index probes, not counts
+#: over the execution and source tables every STATS_SECONDS (rows no coordinator is
+#: told of still show up within this, and every figure says how old it is).
+STATS_IDLE_SECONDS = 300.0
 
 
 def version() -> str:
@@ -141,6 +146,7 @@ class Heartbeat:
         database: str,
         timing: Timing = Timing(),
         on_error: Callable[[BaseException], None] | None = None,
+        activity: Callable[[], int] | None = None,
     ) -> None:
         self.engine = engine
         self.dialect = dialect
@@ -162,6 +168,11 @@ class Heartbeat:
         self._failing = False
         self._next_stats = 0.0
         self._interval = timing.stats
+        #: A count that moves whenever this coordinator claims or completes an item,
+        #: and its value at the last refresh (None: refresh on the interval alone).
+        self._activity = activity
+        self._activity_seen: int | None = None
+        self._refreshed_at = float("-inf")
         #: The latest expensive figures, this coordinator's or another's, with when
         #: (``time.monotonic()``) they were measured: for the metrics' gauges.
         self.latest: tuple[dict[str, Any], float] | None = None
@@ -190,10 +201,11 @@ class Heartbeat:
         while not self._stop.wait(self.timing.heartbeat):
             try:
                 self.beat()
-                if time.monotonic() >= self._next_stats:
+                if time.monotonic() >= self._next_stats and self._worth_refreshing():
                     began = time.monotonic()
                     self.refresh_stats()
-                    took = time.monotonic() - began
+                    self._refreshed_at = time.monotonic()
+                    took = self._refreshed_at - began
                     self._interval = max(self.timing.stats, STATS_BACKOFF * took)
                     self._next_stats = time.monotonic() + self._interval
                 if self._failing:
@@ -206,6 +218,15 @@ class Heartbeat:
                 self._failing = True
                 if self._on_error is not None:
                     self._on_error(exc)
+
+    def _worth_refreshing(self) -> bool:
+        """Whether the figures may have changed: this coordinator did something since
+        the last refresh, or that refresh is STATS_IDLE_SECONDS old."""
+        if self._activity is None:
+            return True
+        seen, self._activity_seen = self._activity_seen, self._activity()
+        moved = seen is None or seen != self._activity_seen
+        return moved or time.monotonic() - self._refreshed_at >= STATS_IDLE_SECONDS
 
     def beat(self) -> None:
         table = self.table
@@ -269,6 +290,7 @@ def start_heartbeat(
     workers: list[Registration],
     database: str,
     timing: Timing,
+    activity: Callable[[], int] | None = None,
 ) -> Heartbeat | None:
     """Register this coordinator; None (and a warning) when the registry cannot be used.
 
@@ -285,7 +307,7 @@ def start_heartbeat(
                 table.name,
             )
             return None
-        heartbeat = Heartbeat(engine, dialect, table, workers, database, timing)
+        heartbeat = Heartbeat(engine, dialect, table, workers, database, timing, activity=activity)
         heartbeat.start()
     except Exception as exc:
         log.warning("dbworker: could not register this coordinator: %s", exc)

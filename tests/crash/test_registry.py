@@ -71,3 +71,19 @@ def test_a_killed_coordinator_is_shown_stale_then_reaped(
     assert not registered(survivor, engine)[0]["stale"]
     survivor.stop()
     assert registered(survivor, engine) == []
+
+
+def test_an_idle_coordinator_refreshes_its_figures_rarely() -> None:
+    import time as _time
+
+    from dbworker.registry import STATS_IDLE_SECONDS, Heartbeat
+
+    done = [0]
+    heartbeat = Heartbeat(None, None, None, [], "db", activity=lambda: done[0])  # type: ignore[arg-type]
+    assert heartbeat._worth_refreshing(), "the first refresh is always due"
+    heartbeat._refreshed_at = _time.monotonic()
+    assert not heartbeat._worth_refreshing(), "nothing claimed or completed since"
+    done[0] += 1
+    assert heartbeat._worth_refreshing(), "work happened: the figures may have changed"
+    heartbeat._refreshed_at = _time.monotonic() - STATS_IDLE_SECONDS
+    assert heartbeat._worth_refreshing(), "idle, but the figures are old"
