@@ -30,6 +30,11 @@ from .state import WorkerState
 
 log = logging.getLogger("dbworker")
 
+#: Completions are announced to other coordinators' dependent workers at most this
+#: often: a dependent elsewhere waits up to this long more, and a busy coordinator
+#: sends a few announcements a second rather than one per pass of its loop.
+ANNOUNCE_EVERY_SECONDS = 0.005
+
 
 class Scheduler:
     def __init__(
@@ -65,6 +70,9 @@ class Scheduler:
         self._woken_lock = threading.Lock()
         #: How many wake-ups arrived (for tests and diagnostics).
         self.wakeups_received = 0
+        #: Dependent workers to announce to other coordinators, and when next.
+        self._to_announce: set[str] = set()
+        self._next_announce = 0.0
         self.thread = threading.Thread(target=self._run, name="dbworker-scheduler")
 
     # -- control (any thread) ------------------------------------------------------
@@ -167,6 +175,8 @@ class Scheduler:
             collect_by = state.executor.collect_by()
             if collect_by is not None:
                 deadlines.append(collect_by)
+        if self._to_announce:
+            deadlines.append(self._next_announce)
         if self._kill_at is not None:
             deadlines.append(self._kill_at)
         wait_for = max(0.0, min(deadlines) - now)
@@ -189,10 +199,20 @@ class Scheduler:
         if completed and self.wakeups is not None:
             # This coordinator's own dependents are polled at once (Outcomes.handle);
             # others serving them hear of it through the database or this host.
-            names = self.wakeups.to_announce(completed)
-            if names:
-                with contextlib.suppress(Deferred):
-                    self.wakeups.announce(names, self.outbox.transaction)
+            self._to_announce |= self.wakeups.to_announce(completed)
+        self._announce()
+
+    def _announce(self) -> None:
+        """Tell other coordinators of completions, at most every ANNOUNCE_EVERY_SECONDS:
+        each announcement is a transaction, and a busy loop completes items in most of
+        its passes."""
+        now = time.monotonic()
+        if not self._to_announce or self.wakeups is None or now < self._next_announce:
+            return
+        names, self._to_announce = self._to_announce, set()
+        self._next_announce = now + ANNOUNCE_EVERY_SECONDS
+        with contextlib.suppress(Deferred):
+            self.wakeups.announce(names, self.outbox.transaction)
 
     def _take_wakeups(self, now: float) -> None:
         with self._woken_lock:
