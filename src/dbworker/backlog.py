@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import Connection, DateTime, Integer, and_, cast, func, or_, select
+from sqlalchemy import Connection, DateTime, and_, func, or_, select
 
 from .core.status import Phase
 from .dialects import Dialect
@@ -62,14 +62,6 @@ def _epoch(value: Any) -> float | None:
     return float(value)
 
 
-def _minute_bucket(conn: Connection, offset: Any) -> Any:
-    # floor() is not built into every SQLite; the offset is never negative, so
-    # truncating to an integer is the same.
-    if conn.dialect.name == "sqlite":
-        return cast(offset / 60, Integer)
-    return func.floor(offset / 60)
-
-
 def waiting(
     conn: Connection, dialect: Dialect, worker: Registration, now: float
 ) -> tuple[int, Any]:
@@ -106,7 +98,7 @@ def measure(
     count: int | None
     count, first = waiting(conn, dialect, worker, now) if source_exists else (None, None)
     start = now - HISTORY_MINUTES * 60
-    bucket = _minute_bucket(conn, table.c.finished_at - start)
+    bucket = dialect.whole_minutes(table.c.finished_at - start)
     history_rows = conn.execute(
         select(bucket, func.count())
         .where(table.c.status == Phase.FINISHED.value, table.c.finished_at >= start)

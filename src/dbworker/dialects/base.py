@@ -248,6 +248,10 @@ class Dialect:
     def db_now(self) -> ColumnElement[float]:  # pragma: no cover - every dialect overrides
         raise NotImplementedError
 
+    def whole_minutes(self, seconds: ColumnElement[float]) -> ColumnElement[Any]:
+        """SQL for the whole minutes in a non-negative number of ``seconds``."""
+        return func.floor(seconds / 60)
+
     def _built_once(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
         """``build()``'s SQL, kept under ``key`` while "now" is the database's clock (a
         test clock's is a literal that changes, so its SQL is built each time)."""

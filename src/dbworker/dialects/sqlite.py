@@ -11,8 +11,10 @@ from sqlalchemy import (
     Connection,
     Engine,
     Float,
+    Integer,
     Select,
     Table,
+    cast,
     event,
     func,
     literal,
@@ -76,6 +78,11 @@ class SQLiteDialect(Dialect):
 
     def identity(self, url: URL) -> str:
         return f"sqlite:{_file_path(url)}"
+
+    def whole_minutes(self, seconds: ColumnElement[float]) -> ColumnElement[Any]:
+        # floor() is not built into every SQLite; for a non-negative number truncating
+        # to an integer is the same.
+        return cast(seconds / 60, Integer)
 
     def db_now(self) -> ColumnElement[float]:
         # julianday() has millisecond resolution and is fixed for one statement.

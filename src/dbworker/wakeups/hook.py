@@ -18,7 +18,9 @@ from typing import Any
 from sqlalchemy import Table, event
 from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction, object_mapper
 
+from ..core.errors import ConfigurationError
 from ..core.names import TABLE_PREFIX
+from ..dialects import dialect_class
 from .local import Sender
 from .postgresql import notify
 
@@ -91,7 +93,7 @@ class SessionHook:
                 mapper = binds.get(channel)
                 arguments = {"mapper": mapper} if mapper is not None else None
                 conn = session.connection(bind_arguments=arguments)
-                if conn.dialect.name == "postgresql":
+                if _can_notify(conn):
                     by_connection.setdefault(conn, set()).add(channel)
             for conn, chosen in by_connection.items():
                 notify(conn, chosen)
@@ -147,3 +149,11 @@ def _install(session_factory: Any, hook: SessionHook) -> bool:
     for name in names[1:]:
         event.listen(session_factory, name, relay(name))
     return True
+
+
+def _can_notify(conn: Any) -> bool:
+    """Whether ``conn``'s database takes NOTIFY (a session may bind several)."""
+    try:
+        return dialect_class(conn.dialect.name).supports_notify
+    except ConfigurationError:  # a database dbworker has no dialect for
+        return False
