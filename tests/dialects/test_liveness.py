@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine, text
 
 from dbworker.dialects.liveness import ping_when_idle, used_elsewhere
+from server_sessions import drop_on_server, server_id
 
 IDLE = 0.05
 
@@ -45,36 +46,17 @@ def _use(engine: Engine) -> None:
         conn.execute(text("SELECT 1"))
 
 
-def _server_id(conn: sa.Connection) -> Any:
-    if conn.dialect.name == "postgresql":
-        return conn.execute(text("SELECT pg_backend_pid()")).scalar()
-    return conn.execute(text("SELECT CONNECTION_ID()")).scalar()
-
-
-def _drop_on_server(url: str, server_id: Any) -> None:
-    """End a session from the server's side, as a restart or an idle timeout would."""
-    killer = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with killer.connect() as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": server_id})
-            else:
-                conn.execute(text(f"KILL CONNECTION {int(server_id)}"))
-    finally:
-        killer.dispose()
-
-
 @pytest.mark.backends("postgresql", "mysql")
 def test_an_idle_connection_the_server_dropped_is_replaced_before_use(database_url: str) -> None:
     engine = _engine(database_url, IDLE)
     try:
         with engine.connect() as conn:
-            first = _server_id(conn)
-        _drop_on_server(database_url, first)
+            first = server_id(conn)
+        drop_on_server(database_url, first)
         time.sleep(IDLE * 2)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT 1")).scalar() == 1
-            assert _server_id(conn) != first
+            assert server_id(conn) != first
     finally:
         engine.dispose()
 
@@ -85,8 +67,8 @@ def test_without_the_ping_the_dropped_connection_fails_its_next_user(database_ur
     engine = _engine(database_url, idle_seconds=3600.0)
     try:
         with engine.connect() as conn:
-            first = _server_id(conn)
-        _drop_on_server(database_url, first)
+            first = server_id(conn)
+        drop_on_server(database_url, first)
         time.sleep(IDLE * 2)
         with pytest.raises(sa.exc.DBAPIError) as raised, engine.connect() as conn:
             conn.execute(text("SELECT 1"))

@@ -25,7 +25,7 @@ def test_each_reused_statement_applies_its_own_values(database_url: str) -> None
         h.seed()
         h.discover(h.items)
         worker = h.items
-        tokens = {i: h.claim_one(worker, i).token for i in range(1, 11)}
+        tokens = {i: h.claim_one(worker, i).token for i in range(1, 13)}
         with h.transaction() as conn:
             d = h.dialect
             assert d.unfinish(conn, worker, 1, tokens[1], 100.0)
@@ -42,6 +42,11 @@ def test_each_reused_statement_applies_its_own_values(database_url: str) -> None
             assert d.renew(conn, worker, [(9, tokens[9])], 60.0) == []
             assert d.renew(conn, worker, [(10, tokens[10])], 600.0) == []
             assert d.renew(conn, worker, [(9, tokens[9] - 1), (10, tokens[10])], 600.0) == [9]
+            # The status a release writes is a constant in its statement: the one
+            # built for "claimable again" must not serve "give up".
+            error = ErrorInfo("crashed", "dbworker.WorkerCrashed", None)
+            assert d.release(conn, worker, 11, tokens[11], error, gives_up=False)
+            assert d.release(conn, worker, 12, tokens[12], error, gives_up=True)
         rows: dict[Any, dict[str, Any]] = h.records(worker)
 
     def close(actual: float, expected: float) -> bool:
@@ -74,3 +79,5 @@ def test_each_reused_statement_applies_its_own_values(database_url: str) -> None
         assert rows[item]["token"] == tokens[item]
 
     assert close(rows[10]["lease_expires_at"] - rows[9]["lease_expires_at"], 540.0)
+    assert (rows[11]["status"], rows[12]["status"]) == ("unfinished", "failed")
+    assert rows[11]["crashes"] == rows[12]["crashes"] == 1

@@ -31,6 +31,7 @@ from sqlalchemy import (
     func,
     literal,
     literal_column,
+    null,
     or_,
     select,
     update,
@@ -128,6 +129,12 @@ def _value_kind(value: Any) -> str:
         return "later"
     if isinstance(value, ClauseElement):
         return "sql"
+    # Constants are written into the statement, not bound: fewer parameters for the
+    # driver to escape or send on every execution (the finish of every item).
+    if value is None:
+        return "null"
+    if isinstance(value, Phase):
+        return "phase"
     return "value"
 
 
@@ -218,8 +225,10 @@ class Dialect:
         port = url.port or self.default_port
         return f"{url.get_backend_name()}://{host}:{port}/{url.database or ''}"
 
-    def configure_engine(self, engine: Engine) -> None:
-        """Set up an engine dbworker created itself (coordinator or child process).
+    def configure_engine(self, engine: Engine, handlers: bool = False) -> None:
+        """Set up an engine dbworker created itself (coordinator or child process;
+        ``handlers``: one whose connections only run invocations, in a handler process,
+        where the coordinator bounds how long each may take).
 
         Overrides call this too: its pooled connections are checked after idling, so
         that a restarted server or an idle timeout costs no transaction an error.
@@ -490,16 +499,20 @@ class Dialect:
         a handler process completes its one item without building SQL.
         """
         table = worker.table
-        shape = tuple((name, _value_kind(value)) for name, value in values.items())
+        kinds = [(name, _value_kind(value)) for name, value in values.items()]
+        # A constant written into the statement is part of its shape.
+        shape = tuple(
+            (name, kind, values[name] if kind == "phase" else None) for name, kind in kinds
+        )
         params = {"fence_source_id": source_id}
         if is_fenced(event):
             params["fence_token"] = token
-        for (name, kind), value in zip(shape, values.values(), strict=True):
+        for (name, kind), value in zip(kinds, values.values(), strict=True):
             if kind == "later":
                 params[f"set_{name}"] = float(value.seconds)
             elif kind == "value":
                 params[f"set_{name}"] = value
-        if any(kind == "sql" for _, kind in shape):
+        if any(kind == "sql" for _, kind in kinds):
             statement = self._fenced_update(table, event, values)
         else:
             statement = self._built_once(
@@ -522,6 +535,10 @@ class Dialect:
                 return column + 1
             if kind == "sql":
                 return value
+            if kind == "null":
+                return null()
+            if kind == "phase":
+                return _lit(value)
             return bindparam(f"set_{name}", type_=column.type)
 
         guard = [
@@ -568,7 +585,7 @@ class Dialect:
             source_id,
             token,
             {
-                "status": Phase.FINISHED.value,
+                "status": Phase.FINISHED,
                 "lease_expires_at": None,
                 "not_before": None,
                 "finished_at": NOW,
@@ -588,7 +605,7 @@ class Dialect:
             source_id,
             token,
             {
-                "status": Phase.UNFINISHED.value,
+                "status": Phase.UNFINISHED,
                 "lease_expires_at": None,
                 "not_before": Later(delay),
                 "error": None,
@@ -616,10 +633,10 @@ class Dialect:
         """FAILED, or UNFINISHED for ``retry_delay`` seconds when a retry policy allows."""
         values: dict[str, Any] = {"lease_expires_at": None, **self._error_values(error)}
         if retry_delay is None:
-            values |= {"status": Phase.FAILED.value, "finished_at": NOW}
+            values |= {"status": Phase.FAILED, "finished_at": NOW}
         else:
             values |= {
-                "status": Phase.UNFINISHED.value,
+                "status": Phase.UNFINISHED,
                 "not_before": Later(retry_delay),
                 "failures": INCREMENT,
             }
@@ -641,7 +658,7 @@ class Dialect:
         values: dict[str, Any] = {
             "lease_expires_at": None,
             "not_before": None,
-            "status": Phase.FAILED.value if gives_up else Phase.UNFINISHED.value,
+            "status": Phase.FAILED if gives_up else Phase.UNFINISHED,
             **self._error_values(error),
         }
         if counts_crash:
@@ -685,7 +702,7 @@ class Dialect:
     def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
         # RESET is not fenced (any caller may reset a FAILED record): no token to check.
         values = {
-            "status": Phase.UNFINISHED.value,
+            "status": Phase.UNFINISHED,
             "lease_expires_at": None,
             "not_before": None,
             "failures": 0,

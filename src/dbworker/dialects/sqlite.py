@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sqlite3
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -22,6 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from ..core.errors import ConfigurationError
@@ -176,8 +178,8 @@ class SQLiteDialect(Dialect):
         )
         return statement, limit_key(search)
 
-    def configure_engine(self, engine: Engine) -> None:
-        super().configure_engine(engine)
+    def configure_engine(self, engine: Engine, handlers: bool = False) -> None:
+        super().configure_engine(engine, handlers)
 
         @event.listens_for(engine, "do_connect")
         def _do_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: Any) -> None:
@@ -205,15 +207,19 @@ class SQLiteDialect(Dialect):
                 cursor.close()
 
         # Registered before BEGIN IMMEDIATE below, so a connection has its turn first.
-        take_turns(engine, _file_path(engine.url), self._busy_timeout(engine))
+        take_turns(engine, _file_path(engine.url), self._busy_timeout(engine), patient=handlers)
 
         @event.listens_for(engine, "begin")
         def _begin(connection: Any) -> None:
-            if connection.get_execution_options().get(READ_ONLY_OPTION):
-                # A read transaction: WAL readers take no lock and wait for nobody.
-                connection.exec_driver_sql("BEGIN")
-            else:
-                connection.exec_driver_sql("BEGIN IMMEDIATE")
+            # A read transaction: WAL readers take no lock and wait for nobody.
+            read = connection.get_execution_options().get(READ_ONLY_OPTION)
+            statement = "BEGIN" if read else "BEGIN IMMEDIATE"
+            # On the driver's connection: through SQLAlchemy's execution (events,
+            # result set-up) the two BEGINs were a tenth of a short item's handler.
+            try:
+                connection.connection.dbapi_connection.execute(statement)
+            except sqlite3.Error as exc:
+                raise DBAPIError.instance(statement, (), exc, sqlite3.Error) from exc
 
     @staticmethod
     def _busy_timeout(engine: Engine) -> float:

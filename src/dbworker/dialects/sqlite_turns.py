@@ -9,6 +9,14 @@ database (waking the moment it is released), and take SQLite's write lock when
 they have their turn. SQLite's own lock still does the excluding: the turns only
 decide who asks next, and a turn not given back in time (a bug, or a transaction
 left open) costs a wait of at most the busy timeout, never correctness.
+
+A connection that must not wait for long (the coordinator's: it renews leases and
+kills handlers past their timeout, which may be what holds the turn) looks again
+after short pauses until the busy timeout. A handler process's connections may wait
+without pausing (``patient``): the kernel wakes them the moment the turn is given
+back, and the coordinator bounds their wait as it bounds their handler's run. A
+thread that already holds a turn of the same database on another connection never
+waits that way: it would wait for itself.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
+from collections import Counter
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -26,14 +36,20 @@ from .base import READ_ONLY_OPTION
 #: The file lock's name: the database's path with this suffix (beside -wal and -shm).
 SUFFIX = "-dbworker-turns"
 _FD = "dbworker_turn_fd"
+#: The turns file of the turn a connection holds (False: none).
 _HELD = "dbworker_turn_held"
+#: The holding thread's count of turns held (``_held_here()``), to give one back.
+_THREAD = "dbworker_turn_thread"
 #: First and longest pause between two looks at a taken turn (seconds).
 FIRST_PAUSE = 0.00002
 LONGEST_PAUSE = 0.001
+#: Per thread: how many turns it holds, per database path.
+_mine = threading.local()
 
 
-def take_turns(engine: Engine, database: str, timeout: float) -> None:
-    """Make ``engine``'s transactions queue for the write lock of ``database`` (a path)."""
+def take_turns(engine: Engine, database: str, timeout: float, patient: bool = False) -> None:
+    """Make ``engine``'s transactions queue for the write lock of ``database`` (a path);
+    ``patient``: they may wait for their turn without a deadline (see above)."""
     path = database + SUFFIX
 
     @event.listens_for(engine, "connect")
@@ -43,6 +59,7 @@ def take_turns(engine: Engine, database: str, timeout: float) -> None:
 
     @event.listens_for(engine, "close")
     def _close(_dbapi_connection: Any, record: Any) -> None:
+        _give_back(record.info)
         fd = record.info.pop(_FD, None)
         if fd is not None:
             os.close(fd)  # gives the turn back too
@@ -53,7 +70,7 @@ def take_turns(engine: Engine, database: str, timeout: float) -> None:
         if not connection.invalidated and not connection.get_execution_options().get(
             READ_ONLY_OPTION
         ):
-            _take(connection.connection.info, timeout)
+            _take(connection.connection.info, path, timeout, patient)
 
     @event.listens_for(engine, "commit")
     def _commit(connection: Any) -> None:
@@ -91,9 +108,22 @@ def take_turns(engine: Engine, database: str, timeout: float) -> None:
         _give_back(record.info)
 
 
-def _take(info: dict[str, Any], timeout: float) -> None:
+def _held_here() -> Counter[str]:
+    held: Counter[str] | None = getattr(_mine, "held", None)
+    if held is None:
+        held = _mine.held = Counter()
+    return held
+
+
+def _take(info: dict[str, Any], path: str, timeout: float, patient: bool) -> None:
     fd = info.get(_FD)
     if fd is None or info.get(_HELD):
+        return
+    held_here = _held_here()
+    if patient and not held_here[path]:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            _taken(info, path, held_here)
         return
     deadline = time.monotonic() + timeout
     pause = FIRST_PAUSE
@@ -106,14 +136,24 @@ def _take(info: dict[str, Any], timeout: float) -> None:
             time.sleep(pause)
             pause = min(pause * 2, LONGEST_PAUSE)
             continue
-        info[_HELD] = True
+        _taken(info, path, held_here)
         return
+
+
+def _taken(info: dict[str, Any], path: str, held_here: Counter[str]) -> None:
+    info[_HELD] = path
+    info[_THREAD] = held_here
+    held_here[path] += 1
 
 
 def _give_back(info: dict[str, Any]) -> None:
     fd = info.get(_FD)
-    if fd is None or not info.get(_HELD):
+    path = info.get(_HELD)
+    if fd is None or not path:
         return
     info[_HELD] = False
+    held_here = info.pop(_THREAD, None)
+    if held_here is not None and held_here[path] > 0:
+        held_here[path] -= 1
     with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_UN)

@@ -30,10 +30,13 @@ EXIT_GRACE_SECONDS = 5.0
 #: its replacements die too: a broken interpreter or environment must not spin.
 STARTUP_RETRY_SECONDS = 0.5
 STARTUP_RETRY_MAX_SECONDS = 30.0
-#: Tasks sent ahead into a process's pipe (the one running and the next two): the next
-#: starts without waiting for the coordinator to read the result before it, even
-#: while the coordinator is busy claiming.
-PIPE_DEPTH = 3
+#: Tasks sent ahead into a process's pipe (the one running and up to nine more): the
+#: next starts without waiting for the coordinator to read the result before it, even
+#: while the coordinator waits for a core (two handler processes and a database
+#: server on two cores) or claims. With three, no-op handlers waited for their next
+#: task a third of the time; with ten, an eighth. ``_depth`` bounds it further to
+#: ``PREFETCH_HORIZON_SECONDS`` of recent work.
+PIPE_DEPTH = 10
 #: Prefetch only while the tasks waiting for a process would take about this long.
 PREFETCH_HORIZON_SECONDS = 0.05
 #: A process with this many tasks in its pipe has work for a while: the coordinator

@@ -118,6 +118,7 @@ class ProcessRunner:
     def leave(self, lane: Engine | None, lent: Any) -> int:
         """In a forked process, after its invocation: the exit status to leave with."""
         runtime = self.runtime
+        runtime.release()
         if lane is None:
             runtime.dispose()
             return 0

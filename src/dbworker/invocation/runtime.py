@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Engine, Integer, bindparam, create_engine, inspect, select
+from sqlalchemy import Connection, Engine, Integer, bindparam, create_engine, inspect, select
 from sqlalchemy.orm import Session
 
 from ..core.errors import HandlerContractError
@@ -20,11 +20,14 @@ from ..core.outcomes import Finished, Unfinished
 from ..core.policy import Ending, decide
 from ..core.tasks import Result, ResultKind, Task, describe
 from ..dialects import Dialect, WorkerTable, for_engine
-from ..dialects.base import NEVER_ISSUED_TOKEN, READ_ONLY_OPTION
+from ..dialects.base import NEVER_ISSUED_TOKEN
 from ..schema import detached_table
+from .connections import HeldConnections
 from .session import HandlerSession
 
 FINISHED = decide(Ending.FINISHED)
+#: Outcomes after which a handler process keeps its connection for the next invocation.
+_KEPT_AFTER = frozenset({ResultKind.FINISHED, ResultKind.UNFINISHED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,7 @@ class Runtime:
         #: What ``rehearse`` ran with, per worker, to run again in a fresh process.
         self.rehearsals: dict[str, tuple[type[Any], Any]] = {}
         self._loaders: dict[type[Any], Any] = {}
+        self._held: HeldConnections | None = None
 
     @property
     def engine(self) -> Engine:
@@ -68,12 +72,26 @@ class Runtime:
                 self._dialect = self.config.dialect()
             else:
                 self._dialect = for_engine(engine)
-        self._dialect.configure_engine(engine)
+        self._dialect.configure_engine(engine, handlers=True)
         return engine
 
     def use_engine(self, engine: Engine) -> None:
         """Run invocations on ``engine`` (one this process inherited, connected)."""
+        self.release()
         self._engine = engine
+
+    @property
+    def held(self) -> HeldConnections:
+        if self._held is None:
+            self._held = HeldConnections(self.engine, self.dialect.source_read_apart)
+        return self._held
+
+    def release(self) -> None:
+        """Give back the connections kept between invocations (before the engine's
+        pool is disposed of, or used by anyone else)."""
+        if self._held is not None:
+            self._held.close_all()
+            self._held = None
 
     @property
     def dialect(self) -> Dialect:
@@ -137,16 +155,28 @@ class Runtime:
             with contextlib.suppress(Exception):
                 self.rehearse(worker, source, source_id, engine)
 
-    def load(self, session: Session, worker: WorkerTable, source: type[Any], source_id: Any) -> Any:
+    def load(
+        self,
+        session: Session,
+        worker: WorkerTable,
+        source: type[Any],
+        source_id: Any,
+        bind: Connection | None = None,
+    ) -> Any:
         """The source row as the handler receives it (``session.get``, from a statement
         built once per process: a forked handler process then builds no SQL)."""
         statement = self._loaders.get(source)
         if statement is None:
             statement = select(source).where(worker.source_pk == bindparam("dbworker_source_id"))
             self._loaders[source] = statement
-        return session.execute(statement, {"dbworker_source_id": source_id}).scalar()
+        return session.execute(
+            statement,
+            {"dbworker_source_id": source_id},
+            bind_arguments=None if bind is None else {"bind": bind},
+        ).scalar()
 
     def dispose(self) -> None:
+        self.release()
         if self._engine is not None:
             self._engine.dispose()
 
@@ -157,15 +187,33 @@ class Runtime:
 
     def _run(self, task: Task) -> Result:
         worker = self.prepare(task.worker, task.source)
+        try:
+            held = self.held.take()
+        except Exception as exc:
+            return self.record_failure(task, worker, exc)
+        try:
+            result = self._invoke(task, worker, held.write, held.read)
+        except BaseException:
+            self.held.drop()
+            raise
+        if result.kind in _KEPT_AFTER:
+            self.held.done()
+        else:  # whatever went wrong may have left the connection unusable
+            self.held.drop()
+        return result
+
+    def _invoke(
+        self, task: Task, worker: WorkerTable, bind: Connection, read: Connection | None
+    ) -> Result:
         # Nothing reads the instances after the commit: expiring them is wasted work.
-        with HandlerSession(bind=self.engine, expire_on_commit=False) as session:
+        with HandlerSession(bind=bind, expire_on_commit=False) as session:
             try:
-                if self.dialect.source_read_apart:
-                    # Read the row in a read transaction of its own, so that the
-                    # handler's transaction (and the write lock it takes) starts with
-                    # the handler's first statement; the instance stays loaded.
-                    session.connection(execution_options={READ_ONLY_OPTION: True})
-                    source = self.load(session, worker, task.source, task.source_id)
+                if read is not None:
+                    # Read the row in a read transaction of its own (on a connection
+                    # kept for reading), so that the handler's transaction (and the
+                    # write lock it takes) starts with the handler's first statement;
+                    # the instance stays loaded.
+                    source = self.load(session, worker, task.source, task.source_id, read)
                     session.commit()
                 else:
                     source = self.load(session, worker, task.source, task.source_id)
