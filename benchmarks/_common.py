@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -223,6 +224,35 @@ def command_line(pid: int, limit: int = 120) -> str:
     except OSError:
         return "?"
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:limit]
+
+
+def _cpu_busy_and_total() -> tuple[int, int]:
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_for_quiet_machine(
+    busy_below: float = 0.1, window: float = 0.25, longest: float = 15.0
+) -> float:
+    """Wait until the machine's CPUs are less than ``busy_below`` busy over ``window``
+    seconds (at most ``longest``); return how long that took.
+
+    Between measurements a database server goes on working for a while (PostgreSQL's
+    background writer and checkpointer flushing what the run dirtied, InnoDB purging
+    old row versions): a measurement started at once pays for the one before it, and
+    always the same one in a round-robin. Every system is measured after the same wait.
+    """
+    started = time.monotonic()
+    while True:
+        busy0, total0 = _cpu_busy_and_total()
+        time.sleep(window)
+        busy1, total1 = _cpu_busy_and_total()
+        quiet = (busy1 - busy0) < busy_below * max(1, total1 - total0)
+        waited = time.monotonic() - started
+        if quiet or waited >= longest:
+            return waited
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:

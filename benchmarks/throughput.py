@@ -24,12 +24,14 @@ outcome is recorded".
 
 Each system first runs a warm-up batch (processes started, connections open), in a
 scratch database (or Celery queue) of its own. ``--repeat`` runs everything that many
-times, round-robin, and reports medians. Also measured, for every run: the CPU time per
-item of the system's processes during the timed window (/proc; the database and Redis
-servers are not counted) and the peak resident memory of its process tree, sampled
-every ``--rss-interval-ms`` from the start of its processes to the end of the timed
-window: dbworker's coordinator process with everything under it (fork server, resource
-tracker, handler processes), Celery's worker (main process and its two prefork
+times, round-robin, and reports medians. Each measurement starts once the machine is
+quiet (``_common.wait_for_quiet_machine``; ``--no-settle`` starts at once): otherwise
+the one after a database's run pays for its server's flushing. Also measured, for every
+run: the CPU time per item of the system's processes during the timed window (/proc; the
+database and Redis servers are not counted) and the peak resident memory of its process
+tree, sampled every ``--rss-interval-ms`` from the start of its processes to the end of
+the timed window: dbworker's coordinator process with everything under it (fork server,
+resource tracker, handler processes), Celery's worker (main process and its two prefork
 children), the limit's two workers. RSS counts a page shared by several processes once
 per process; PSS splits it between them (both are reported).
 
@@ -67,6 +69,7 @@ from ._common import (
     new_report,
     scratch_database,
     tree_cpu_seconds,
+    wait_for_quiet_machine,
     write_report,
 )
 from .limit import measure_limit, median_of
@@ -431,6 +434,13 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated numbers of timed items; default 3000,20000",
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
+    parser.add_argument(
+        "--no-settle",
+        dest="settle",
+        action="store_false",
+        help="start each measurement at once, not once the machine is quiet (CPUs under"
+        " 10%% busy for 0.25 s, waiting at most 15 s)",
+    )
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--poll-ms", type=float, default=20.0)
@@ -464,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "sizes": sizes,
             "repeat": args.repeat,
+            "settle": args.settle,
             "max_seconds_per_database": {str(s): m for s, m in max_seconds.items()},
             "warmup": args.warmup,
             "concurrency": args.concurrency,
@@ -499,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for repeat in range(args.repeat):
         for system, size, measure in measurements:
+            settled = wait_for_quiet_machine() if args.settle else 0.0
             result = measure()
+            result["settled_seconds"] = round(settled, 2)
             runs.setdefault(system, {}).setdefault(size, []).append(result)
             truncated = " truncated" if result.get("truncated") else ""
             log(
