@@ -236,15 +236,18 @@ def _cpu_busy_and_total() -> tuple[int, int]:
 def wait_for_quiet_machine(
     busy_below: float = 0.1, window: float = 0.25, longest: float = 15.0
 ) -> float:
-    """Wait until the machine's CPUs are less than ``busy_below`` busy over ``window``
-    seconds (at most ``longest``); return how long that took.
+    """Write out the page cache, then wait until the machine's CPUs are less than
+    ``busy_below`` busy over ``window`` seconds (at most ``longest``); return how long
+    that took.
 
-    Between measurements a database server goes on working for a while (PostgreSQL's
-    background writer and checkpointer flushing what the run dirtied, InnoDB purging
-    old row versions): a measurement started at once pays for the one before it, and
-    always the same one in a round-robin. Every system is measured after the same wait.
+    Between measurements the machine goes on working for a while (the kernel writing
+    back the files a run dirtied, such as a SQLite database and its WAL; PostgreSQL's
+    background writer and checkpointer; InnoDB purging old row versions): a measurement
+    started at once pays for the one before it, and always the same one in a
+    round-robin. Every system is measured after the same wait.
     """
     started = time.monotonic()
+    os.sync()
     while True:
         busy0, total0 = _cpu_busy_and_total()
         time.sleep(window)

@@ -24,13 +24,14 @@ outcome is recorded".
 
 Each system first runs a warm-up batch (processes started, connections open), in a
 scratch database (or Celery queue) of its own. ``--repeat`` runs everything that many
-times, round-robin, and reports medians. Each measurement starts once the machine is
-quiet (``_common.wait_for_quiet_machine``; ``--no-settle`` starts at once): otherwise
-the one after a database's run pays for its server's flushing. Also measured, for every
-run: the CPU time per item of the system's processes during the timed window (/proc; the
-database and Redis servers are not counted) and the peak resident memory of its process
-tree, sampled every ``--rss-interval-ms`` from the start of its processes to the end of
-the timed window: dbworker's coordinator process with everything under it (fork server,
+times, round-robin (each round starting at another place in the list), and reports
+medians. Each measurement starts once the machine is quiet
+(``_common.wait_for_quiet_machine``; ``--no-settle`` starts at once): otherwise the one
+after a database's run pays for its server's flushing. Also measured, for every run: the
+CPU time per item of the system's processes during the timed window (/proc; the database
+and Redis servers are not counted) and the peak resident memory of its process tree,
+sampled every ``--rss-interval-ms`` from the start of its processes to the end of the
+timed window: dbworker's coordinator process with everything under it (fork server,
 resource tracker, handler processes), Celery's worker (main process and its two prefork
 children), the limit's two workers. RSS counts a page shared by several processes once
 per process; PSS splits it between them (both are reported).
@@ -509,7 +510,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for repeat in range(args.repeat):
-        for system, size, measure in measurements:
+        # Each round starts at another place in the list: on this machine a run after a
+        # long busy one (Celery with results: 30 s) is measurably slower, whatever runs.
+        shift = (repeat * len(measurements)) // max(1, args.repeat)
+        for system, size, measure in measurements[shift:] + measurements[:shift]:
             settled = wait_for_quiet_machine() if args.settle else 0.0
             result = measure()
             result["settled_seconds"] = round(settled, 2)

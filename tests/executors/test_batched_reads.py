@@ -1,6 +1,8 @@
 """A process with a full pipe of short tasks has its results read in batches: the
 scheduler is not woken by each of them, but by a deadline when the process is expected
-to be one task down; its death still wakes the scheduler at once."""
+to be one task down; its death still wakes the scheduler at once. How full a pipe gets:
+up to PIPE_DEPTH (and the prefetch depth) while invocations are short, only the running
+task for a while after one ran long."""
 
 from __future__ import annotations
 
@@ -13,7 +15,14 @@ import pytest
 
 from dbworker.core.tasks import Task
 from dbworker.executors import pool
-from dbworker.executors.pool import BATCHED_READS_FROM, ProcessPool, _Child
+from dbworker.executors.pool import (
+    BATCHED_READS_FROM,
+    LONG_INVOCATION_SECONDS,
+    PEAK_HALF_LIFE_SECONDS,
+    PIPE_DEPTH,
+    ProcessPool,
+    _Child,
+)
 
 
 class _Process:
@@ -87,3 +96,51 @@ def test_the_depth_follows_the_measured_durations() -> None:
     for _ in range(50):
         executor._measured(10.0)
     assert executor._depth == 1
+
+
+def _pipe_takes(executor: ProcessPool, child: _Child) -> int:
+    """How many tasks the pipe of ``child`` (streaming short tasks) takes in all."""
+    now = time.monotonic()
+    child.last_done = now
+    child.tasks = collections.deque()
+    while executor._takes_more(child, now):
+        child.tasks.append(_task(len(child.tasks)))
+    return len(child.tasks)
+
+
+def test_short_invocations_fill_the_pipe(rig: Any) -> None:
+    executor, child = rig
+    for _ in range(10):
+        executor._measured(0.001)
+    assert _pipe_takes(executor, child) == min(PIPE_DEPTH, executor._depth) > 1
+
+
+def test_after_a_long_invocation_only_the_running_task_is_in_the_pipe(rig: Any) -> None:
+    executor, child = rig
+    executor._measured(LONG_INVOCATION_SECONDS * 2)
+    for _ in range(1000):  # short ones since: the prefetch depth is back up
+        executor._measured(0.001)
+    assert executor._depth > 1
+    assert _pipe_takes(executor, child) == 1
+
+
+def test_a_hiccup_shorter_than_a_long_invocation_keeps_the_pipe(rig: Any) -> None:
+    executor, child = rig
+    executor._measured(0.001)
+    executor._measured(LONG_INVOCATION_SECONDS / 10)  # a slow commit, say
+    for _ in range(100):
+        executor._measured(0.001)
+    assert _pipe_takes(executor, child) == min(PIPE_DEPTH, executor._depth) > 1
+
+
+def test_a_long_invocation_is_forgotten_with_time(
+    rig: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executor, child = rig
+    executor._measured(LONG_INVOCATION_SECONDS * 2)
+    later = time.monotonic() + 2 * PEAK_HALF_LIFE_SECONDS
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    for _ in range(100):
+        executor._measured(0.001)
+    monkeypatch.undo()
+    assert _pipe_takes(executor, child) == min(PIPE_DEPTH, executor._depth) > 1

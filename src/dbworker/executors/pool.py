@@ -35,10 +35,18 @@ STARTUP_RETRY_MAX_SECONDS = 30.0
 #: while the coordinator waits for a core (two handler processes and a database
 #: server on two cores) or claims. With three, no-op handlers waited for their next
 #: task a third of the time; with ten, an eighth. ``_depth`` bounds it further to
-#: ``PREFETCH_HORIZON_SECONDS`` of recent work.
+#: ``PREFETCH_HORIZON_SECONDS`` of recent work, and to one after a long invocation
+#: (``LONG_INVOCATION_SECONDS``).
 PIPE_DEPTH = 10
 #: Prefetch only while the tasks waiting for a process would take about this long.
 PREFETCH_HORIZON_SECONDS = 0.05
+#: A task sent into a pipe waits for the ones before it, however long they turn out.
+#: After an invocation of at least LONG_INVOCATION_SECONDS (remembered with this half
+#: life) a worker's pipes hold only the running task: a worker whose handlers now and
+#: then run long keeps its waiting tasks in the coordinator, for whichever process
+#: frees first. (Shorter hiccups, a slow commit, change nothing.)
+PEAK_HALF_LIFE_SECONDS = 60.0
+LONG_INVOCATION_SECONDS = 1.0
 #: A process with this many tasks in its pipe has work for a while: the coordinator
 #: reads its results in batches (waking once for several) until it is expected to be
 #: down to ``PIPE_DEPTH - 1``, instead of waking for every result.
@@ -156,6 +164,11 @@ class ProcessPool(Executor):
         self._typical_duration: float | None = None
         #: ``_depth_for(_typical_duration)``, kept: every dispatch and poll reads it.
         self._depth = 1
+        #: The longest recent invocation (decaying, see PEAK_HALF_LIFE_SECONDS), when
+        #: it was last raised or decayed, and the pipe depth it allows.
+        self._peak_duration = 0.0
+        self._peak_at = 0.0
+        self._pipe_depth = 1
         #: Recycled children on their way out, with the time to stop waiting for them.
         self._retiring: list[tuple[ProcessHandle, float]] = []
         self._payloads: dict[str, bytes] = {}
@@ -198,6 +211,11 @@ class ProcessPool(Executor):
         typical = duration if typical is None else 0.8 * typical + 0.2 * duration
         self._typical_duration = typical
         self._depth = self._depth_for(typical)
+        now = time.monotonic()
+        peak = self._peak_duration * 0.5 ** ((now - self._peak_at) / PEAK_HALF_LIFE_SECONDS)
+        self._peak_duration, self._peak_at = max(duration, peak), now
+        ran_long = self._peak_duration >= LONG_INVOCATION_SECONDS
+        self._pipe_depth = 1 if ran_long else min(PIPE_DEPTH, self._depth)
 
     def _streaming(self, child: _Child, now: float) -> bool:
         """Whether ``child`` is working through short tasks one after another (it ended
@@ -233,7 +251,7 @@ class ProcessPool(Executor):
         self._dispatch()
 
     def _takes_more(self, child: _Child, now: float) -> bool:
-        if not child.usable or len(child.tasks) >= min(PIPE_DEPTH, self._depth):
+        if not child.usable or len(child.tasks) >= self._pipe_depth:
             return False
         if child.tasks and not self._streaming(child, now):
             return False  # it may run long: the task goes to whichever process frees first
