@@ -72,6 +72,11 @@ class Executor(ABC):
     def submit(self, task: Task) -> None:
         """Start ``task``; the caller ensures a slot is free."""
 
+    def submit_all(self, tasks: Sequence[Task]) -> None:
+        """Start ``tasks`` (one claim's), in order; the caller ensures slots are free."""
+        for task in tasks:
+            self.submit(task)
+
     @abstractmethod
     def wait_handles(self) -> Sequence[Any]:
         """Objects for ``multiprocessing.connection.wait`` that fire when a result may be ready."""

@@ -245,9 +245,14 @@ class ProcessPool(Executor):
         return free if hungry and not self._waiting else 0
 
     def submit(self, task: Task) -> None:
-        if task.worker not in self._payloads:
-            self._payloads[task.worker] = task_payload(task)
-        self._waiting.append(task)
+        self.submit_all((task,))
+
+    def submit_all(self, tasks: Sequence[Task]) -> None:
+        # One dispatch for a claim's tasks: each finds the processes with room again.
+        for task in tasks:
+            if task.worker not in self._payloads:
+                self._payloads[task.worker] = task_payload(task)
+            self._waiting.append(task)
         self._dispatch()
 
     def _takes_more(self, child: _Child, now: float) -> bool:

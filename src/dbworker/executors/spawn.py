@@ -36,6 +36,7 @@ import socket
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
@@ -359,11 +360,12 @@ class SpawnExecutor(ProcessPool):
                 self._template.learn(worker, self._payloads[worker], source_id)
         return self._template.fork()
 
-    def submit(self, task: Task) -> None:
-        super().submit(task)
-        self._examples.setdefault(task.worker, task.source_id)
-        if self._template is not None:
-            self._template.learn(task.worker, self._payloads[task.worker], task.source_id)
+    def submit_all(self, tasks: Sequence[Task]) -> None:
+        super().submit_all(tasks)
+        for task in tasks:
+            self._examples.setdefault(task.worker, task.source_id)
+            if self._template is not None:
+                self._template.learn(task.worker, self._payloads[task.worker], task.source_id)
 
     def collect(self) -> list[Any]:
         if self._template is not None:

@@ -308,9 +308,9 @@ class Scheduler:
         state.backoff.reset()
         state.next_poll = now
         self.health.claimed += len(claims)
-        for claim in claims:
-            if self.outcomes.claimed(state, claim):
-                state.executor.submit(worker.task(claim))
+        state.executor.submit_all(
+            [worker.task(claim) for claim in claims if self.outcomes.claimed(state, claim)]
+        )
 
 
 def _fileno(handle: Any) -> int:
