@@ -2,8 +2,9 @@
 
 One process, no coordinator: ``--items`` no-op rows are created, discovered and
 claimed up front, then the benchmark runs each claimed item through the steps of
-``Runtime._run`` as a handler process does (a new session, its transaction, the ORM
-load of the source row, the handler, the flush, the fenced finish, the commit, the
+``Runtime._run`` as a handler process does (a new session on the connection the
+process keeps, its transaction, the ORM load of the source row (on SQLite in a read
+transaction of its own), the handler, the flush, the fenced finish, the commit, the
 close) and times each step with this thread's CPU clock (``time.thread_time``), so
 waiting for the database is not counted.
 
@@ -80,11 +81,18 @@ def measure(backend: str, items: int, warmup: int, claim_next: bool) -> dict[str
         try:
             for number, task in enumerate(tasks):
                 marks = [clock()]
-                session = HandlerSession(bind=runtime.engine, expire_on_commit=False)
+                held = runtime.held.take()  # the connections the process keeps
+                session = HandlerSession(bind=held.write, expire_on_commit=False)
                 marks.append(clock())
-                session.connection()
-                marks.append(clock())
-                source = runtime.load(session, worker, task.source, task.source_id)
+                if held.read is not None:  # SQLite: the row is read apart, as Runtime does
+                    session.connection(bind_arguments={"bind": held.read})
+                    marks.append(clock())
+                    source = runtime.load(session, worker, task.source, task.source_id, held.read)
+                    session.commit()
+                else:
+                    session.connection()
+                    marks.append(clock())
+                    source = runtime.load(session, worker, task.source, task.source_id)
                 marks.append(clock())
                 task.handler(source, session)
                 marks.append(clock())
@@ -107,6 +115,7 @@ def measure(backend: str, items: int, warmup: int, claim_next: bool) -> dict[str
                 session.commit()
                 marks.append(clock())
                 session.close()
+                runtime.held.done()
                 marks.append(clock())
                 if not done:
                     raise RuntimeError(f"{backend}: item {task.source_id} lost its claim")
