@@ -51,10 +51,22 @@ def rig() -> Any:
     child_end.close()
 
 
+def _pipe_takes(executor: ProcessPool, child: _Child) -> int:
+    """How many tasks the pipe of ``child`` (streaming short tasks) takes in all."""
+    now = time.monotonic()
+    child.last_done = now
+    child.tasks = collections.deque()
+    while executor._takes_more(child, now):
+        child.tasks.append(_task(len(child.tasks)))
+    return len(child.tasks)
+
+
 def test_a_full_pipe_of_short_tasks_is_read_by_a_deadline(rig: Any) -> None:
     executor, child = rig
     executor._measured(0.001)
-    child.tasks = collections.deque(_task(n) for n in range(BATCHED_READS_FROM))
+    full = _pipe_takes(executor, child)  # prefetch 4: five, not PIPE_DEPTH
+    assert BATCHED_READS_FROM <= full < PIPE_DEPTH
+    child.tasks = collections.deque(_task(n) for n in range(full))
     child.started = time.monotonic()
     handles = executor.wait_handles()
     assert child.conn not in handles, "its next results can wait"
@@ -65,7 +77,8 @@ def test_a_full_pipe_of_short_tasks_is_read_by_a_deadline(rig: Any) -> None:
 def test_a_process_near_the_end_of_its_pipe_wakes_the_scheduler(rig: Any) -> None:
     executor, child = rig
     executor._measured(0.001)
-    child.tasks = collections.deque(_task(n) for n in range(BATCHED_READS_FROM - 1))
+    full = _pipe_takes(executor, child)
+    child.tasks = collections.deque(_task(n) for n in range(full - 1))
     child.started = time.monotonic()
     assert child.conn in executor.wait_handles()
     assert executor.collect_by() is None
@@ -82,7 +95,7 @@ def test_results_are_read_at_once_until_durations_are_known(rig: Any) -> None:
 def test_a_missed_deadline_puts_the_pipe_back_among_the_handles(rig: Any) -> None:
     executor, child = rig
     executor._measured(0.001)
-    child.tasks = collections.deque(_task(n) for n in range(BATCHED_READS_FROM))
+    child.tasks = collections.deque(_task(n) for n in range(_pipe_takes(executor, child)))
     child.started = time.monotonic() - 1.0
     assert child.conn in executor.wait_handles()
     assert executor.collect_by() is None
@@ -96,16 +109,6 @@ def test_the_depth_follows_the_measured_durations() -> None:
     for _ in range(50):
         executor._measured(10.0)
     assert executor._depth == 1
-
-
-def _pipe_takes(executor: ProcessPool, child: _Child) -> int:
-    """How many tasks the pipe of ``child`` (streaming short tasks) takes in all."""
-    now = time.monotonic()
-    child.last_done = now
-    child.tasks = collections.deque()
-    while executor._takes_more(child, now):
-        child.tasks.append(_task(len(child.tasks)))
-    return len(child.tasks)
 
 
 def test_short_invocations_fill_the_pipe(rig: Any) -> None:

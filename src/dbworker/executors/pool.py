@@ -47,10 +47,10 @@ PREFETCH_HORIZON_SECONDS = 0.05
 #: frees first. (Shorter hiccups, a slow commit, change nothing.)
 PEAK_HALF_LIFE_SECONDS = 60.0
 LONG_INVOCATION_SECONDS = 1.0
-#: A process with this many tasks in its pipe has work for a while: the coordinator
-#: reads its results in batches (waking once for several) until it is expected to be
-#: down to ``PIPE_DEPTH - 1``, instead of waking for every result.
-BATCHED_READS_FROM = PIPE_DEPTH
+#: A process with a full pipe (``_pipe_depth`` tasks, at least this many) has work for
+#: a while: the coordinator reads its results in batches (waking once for several)
+#: until it is expected to be one task down, instead of waking for every result.
+BATCHED_READS_FROM = 3
 
 log = logging.getLogger("dbworker")
 
@@ -307,9 +307,10 @@ class ProcessPool(Executor):
         """When ``child``'s results should be read: at once, unless it has a full pipe
         of short tasks, then when it is expected to be one task down."""
         typical = self._typical_duration
-        if typical is None or len(child.tasks) < BATCHED_READS_FROM:
+        full = max(BATCHED_READS_FROM, self._pipe_depth)
+        if typical is None or len(child.tasks) < full:
             return child.started
-        return child.started + (len(child.tasks) - BATCHED_READS_FROM + 1) * typical
+        return child.started + (len(child.tasks) - full + 1) * typical
 
     def collect_by(self) -> float | None:
         # Children whose results are due have their pipes among the wait handles.
