@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import Connection, DateTime, and_, func, or_, select
+from sqlalchemy import Connection, DateTime, and_, func, inspect, or_, select
 
 from .core.status import Phase
 from .dialects import Dialect
@@ -88,15 +88,18 @@ def waiting(
     return int(count), _epoch(first)
 
 
-def measure(
-    conn: Connection, dialect: Dialect, worker: Registration, source_exists: bool = True
-) -> dict[str, Any]:
+def measure(conn: Connection, dialect: Dialect, worker: Registration) -> dict[str, Any]:
     """The figures above for one worker, as JSON-ready values. Without its source
     table (not created yet) nothing can be waiting: ``waiting`` is None then."""
     now = db_now(conn, dialect)
     table = worker.table.table
+    source = worker.table.source_pk.table
     count: int | None
-    count, first = waiting(conn, dialect, worker, now) if source_exists else (None, None)
+    count, first = (
+        waiting(conn, dialect, worker, now)
+        if inspect(conn).has_table(source.name, schema=source.schema)
+        else (None, None)
+    )
     start = now - HISTORY_MINUTES * 60
     bucket = dialect.whole_minutes(table.c.finished_at - start)
     history_rows = conn.execute(

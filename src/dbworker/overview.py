@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection
 
 from .backlog import measure
 from .registry import STATS_MAX_AGE, Timing, cached_stats, has_table
@@ -37,17 +37,13 @@ def overview(
         if found is not None and found[1] <= STATS_MAX_AGE:
             cached, age = found
     report: dict[str, dict[str, Any]] = {}
-    tables: set[str] | None = None
     for worker in workers:
         figures = cached.get(worker.name)
         if figures is not None:
             report[worker.name] = {**figures, "age": age, "source": "cache"}
         else:
-            if tables is None:
-                tables = set(inspect(conn).get_table_names())
-            source = worker.table.source_pk.table.name
             report[worker.name] = {
-                **measure(conn, coordinator._dialect, worker, source in tables),
+                **measure(conn, coordinator._dialect, worker),
                 "age": 0.0,
                 "source": "live",
             }

@@ -11,7 +11,8 @@ import signal
 import subprocess
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Integer, select, update
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from dbworker import Coordinator
 from dbworker.backlog import db_now, measure, waiting
@@ -114,6 +115,27 @@ def test_backlog_matches_a_hand_count(ops: Site) -> None:
     # The oldest waiting record's age (job rows have no timestamp column): the due
     # unfinished ones, due 10 s ago.
     assert 9 <= figures["oldest_waiting_seconds"] < 60
+
+
+class _Unmigrated(DeclarativeBase):
+    pass
+
+
+class NotCreatedYet(_Unmigrated):
+    """A source whose table the application has not created (its migration not run)."""
+
+    __tablename__ = "vis_not_created_yet"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+def test_a_worker_whose_source_table_is_missing_has_no_backlog(ops: Site) -> None:
+    coordinator = ops.coordinator()
+    coordinator.transactional_worker(name="early", source=NotCreatedYet)(app.run_job)
+    coordinator.create_worker_tables()
+    with ops.engine.connect() as conn:
+        figures = measure(conn, coordinator._dialect, coordinator._registration("early"))
+    assert figures["waiting"] is None and figures["running"] == 0
 
 
 def test_show_prints_one_record_with_its_traceback(ops: Site) -> None:

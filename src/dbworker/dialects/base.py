@@ -298,8 +298,8 @@ class Dialect:
         return self._discover_above_watermark(conn, worker)
 
     def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
-        table, pk = worker.table, worker.source_pk
-        watermark = conn.execute(select(func.max(table.c.source_id))).scalar()
+        pk = worker.source_pk
+        watermark = self.watermark(conn, worker)
         query = select(pk, self.now()).order_by(pk).limit(self.discovery_batch)
         if watermark is not None:
             query = query.where(pk > watermark)

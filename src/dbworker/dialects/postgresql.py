@@ -110,11 +110,10 @@ class PostgreSQLDialect(Dialect):
         # in one statement: sent back as parameters, psycopg executed one INSERT per
         # row (the coordinator's largest cost per item after its pipes). A plain
         # SELECT in a CTE locks none of the application's rows.
-        table = worker.table
-        watermark = conn.execute(select(func.max(table.c.source_id))).scalar()
+        watermark = self.watermark(conn, worker)
         above = watermark is not None
         statement = self._built_once(
-            ("discover", table, above), lambda: self._discovery_statement(worker, above)
+            ("discover", worker.table, above), lambda: self._discovery_statement(worker, above)
         )
         found, largest, _added = conn.execute(
             statement, {"watermark": watermark} if above else {}
