@@ -12,9 +12,9 @@ import subprocess
 from typing import Any
 
 from sqlalchemy import Integer, select, update
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from dbworker import Coordinator
+from dbworker import Coordinator, Finished
 from dbworker.backlog import db_now, measure, waiting
 
 from . import app
@@ -129,9 +129,13 @@ class NotCreatedYet(_Unmigrated):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
 
 
+def _never_runs(source: NotCreatedYet, session: Session) -> Finished:
+    raise AssertionError("nothing can be claimed from a table that does not exist")
+
+
 def test_a_worker_whose_source_table_is_missing_has_no_backlog(ops: Site) -> None:
     coordinator = ops.coordinator()
-    coordinator.transactional_worker(name="early", source=NotCreatedYet)(app.run_job)
+    coordinator.transactional_worker(name="early", source=NotCreatedYet)(_never_runs)
     coordinator.create_worker_tables()
     with ops.engine.connect() as conn:
         figures = measure(conn, coordinator._dialect, coordinator._registration("early"))
