@@ -202,13 +202,18 @@ def create_app(jobs: Jobs, session_factory: sessionmaker[Session]) -> FastAPI:
         collection = s.get(Collection, collection_id)
         if collection is None:
             raise HTTPException(404, f"collection {collection_id} does not exist")
+        # The jobs' state first, then the collection's row read again: under READ
+        # COMMITTED each statement has its own snapshot, so a comparison reported
+        # finished must not be shown beside the row as it was before that commit.
+        jobs_progress = jobs.progress(s, collection)
+        s.refresh(collection)
         images = s.scalar(select(func.count()).where(Image.collection_id == collection.id))
         return {
             "id": collection.id,
             "name": collection.name,
             "sealed": collection.sealed,
             "images": images,
-            **jobs.progress(s, collection),
+            **jobs_progress,
             "pages_compared": collection.pages_done,
             "pairs_compared": collection.pairs_compared,
             "groups_found": collection.groups_found,
