@@ -51,6 +51,7 @@ from ..core.tasks import (
     bounded,
 )
 from ..core.transitions import Event, is_fenced, sources
+from .driver_cursor import DriverStatement, rowcount, watched
 from .liveness import ping_when_idle
 
 #: Claims are numbered from 1, so no fenced statement under this token matches a row.
@@ -190,6 +191,8 @@ class Dialect:
         # Python time: the clock and each table's claim condition are built once.
         self._db_clock: ColumnElement[float] | None = None
         self._built: dict[tuple[Any, ...], Any] = {}
+        #: Built-once statements compiled for a driver, per key and SQLAlchemy dialect.
+        self._driver_statements: dict[tuple[Any, ...], DriverStatement | None] = {}
 
     # -- configuration -------------------------------------------------------------
 
@@ -514,12 +517,26 @@ class Dialect:
                 params[f"set_{name}"] = value
         if any(kind == "sql" for _, kind in kinds):
             statement = self._fenced_update(table, event, values)
-        else:
-            statement = self._built_once(
-                ("fenced", table, event, shape),
-                lambda: self._fenced_update(table, event, values),
-            )
-        return conn.execute(statement, params).rowcount == 1
+            return conn.execute(statement, params).rowcount == 1
+        key = ("fenced", table, event, shape)
+        statement = self._built_once(key, lambda: self._fenced_update(table, event, values))
+        return self._matched(conn, key, statement, params) == 1
+
+    def _matched(
+        self, conn: Connection, key: tuple[Any, ...], statement: Any, params: dict[str, Any]
+    ) -> int:
+        """The rows a built-once statement matched, run on the driver's cursor unless
+        someone watches statements (``driver_cursor``: a handler's finish is one)."""
+        if self.clock is None and not watched(conn):
+            compiled_for = (key, conn.dialect)
+            try:
+                driver = self._driver_statements[compiled_for]
+            except KeyError:
+                driver = DriverStatement.compile(statement, conn.dialect)
+                self._driver_statements[compiled_for] = driver
+            if driver is not None:
+                return rowcount(conn, driver, params)
+        return int(conn.execute(statement, params).rowcount)
 
     def _fenced_update(self, table: Table, event: Event, values: Mapping[str, Any]) -> Any:
         now = self.now()
