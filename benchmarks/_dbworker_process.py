@@ -22,13 +22,10 @@ import sys
 import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
-from dbworker import Coordinator
 from dbworker.dialects import for_url
 
 from ._common import server_version
-from .noop_work import ITEMS_TABLE, Base, NoopItem, noop
-
-WORKER = "bench_throughput"
+from .noop_work import ITEMS_TABLE, THROUGHPUT_WORKER, Base, throughput_coordinator
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,18 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     engine = sa.create_engine(url, **dialect.coordinator_engine_options())
     dialect.configure_engine(engine)
     try:
-        coordinator = Coordinator(
-            sessionmaker(engine),
-            database_url=url,
-            # Short waits after an empty poll, as a latency-minded deployment would
-            # set them: the batch is found within 50 ms of its commit.
-            poll_seconds=args.poll_seconds,
-            max_poll_seconds=args.poll_seconds,
+        # Short waits after an empty poll, as a latency-minded deployment would set
+        # them: rows committed without a wake-up are found within 50 ms.
+        coordinator = throughput_coordinator(
+            sessionmaker(engine), url, args.concurrency, args.poll_seconds
         )
-        coordinator.transactional_worker(
-            name=WORKER, source=NoopItem, concurrency=args.concurrency
-        )(noop)
-        table = coordinator.workers[WORKER].execution_table
+        table = coordinator.workers[THROUGHPUT_WORKER].execution_table
         Base.metadata.create_all(engine, tables=[ITEMS_TABLE])
         coordinator.create_worker_tables()
         coordinator.start()

@@ -8,9 +8,12 @@ outcome is recorded".
 * dbworker: a ``Coordinator`` (default executor: the process pool) with one worker at
   ``concurrency=2`` whose handler returns ``Finished()``, in a process of its own
   (``benchmarks._dbworker_process``). The clock starts before this process inserts the
-  rows (one transaction) and stops when it sees every record finished (polled every
-  ``--poll-ms``), or after ``--max-seconds`` for that size: the rate is then the
-  records finished so far over that time (``truncated`` in the output).
+  rows (one transaction, through a session factory the application's side of the
+  worker registers, so that its commit wakes the coordinator as an application's does;
+  ``--no-wakeups``: on a plain engine, found by polling every 50 ms) and stops when it
+  sees every record finished (polled every ``--poll-ms``), or after ``--max-seconds``
+  for that size: the rate is then the records finished so far over that time
+  (``truncated`` in the output).
 * Celery ``fast``: ``celery worker --pool prefork --concurrency 2`` on a private queue,
   Redis as broker, no result backend (``task_ignore_result``), ``task_acks_late``,
   ``worker_prefetch_multiplier=4``. The clock stops when the queue is empty and no
@@ -150,8 +153,9 @@ def run_dbworker(
     backend: str, items: int, max_seconds: float, args: argparse.Namespace
 ) -> dict[str, Any]:
     import sqlalchemy as sa
+    from sqlalchemy.orm import sessionmaker
 
-    from .noop_work import insert_items
+    from .noop_work import insert_items, insert_items_through, throughput_coordinator
 
     poll = args.poll_ms / 1000
     with scratch_database(backend, "throughput") as url:
@@ -175,17 +179,28 @@ def run_dbworker(
         memory = TreeMemory([process.pid], args.rss_interval_ms / 1000).start()
         options = {"connect_args": {"timeout": 30}} if backend == "sqlite" else {}
         engine = sa.create_engine(url, **options)
+
+        def insert(first: int, count: int) -> None:
+            if args.wakeups:
+                insert_items_through(application, first, count)
+            else:
+                insert_items(engine, first, count)
+
         try:
+            # The application's side: a coordinator that only registers the worker, so
+            # that commits through its session factory wake the service.
+            application = sessionmaker(engine)
+            throughput_coordinator(application, url, args.concurrency)
             ready = _read_json_line(process.stdout, args.timeout)
             table = ready["table"]
-            insert_items(engine, 1, args.warmup)
+            insert(1, args.warmup)
             deadline = time.monotonic() + args.timeout
             if _wait_all_finished(engine, table, args.warmup, poll, deadline) is None:
                 raise TimeoutError(f"dbworker/{backend}: the warm-up items did not finish")
             cpu = tree_cpu_seconds([process.pid])
             start = time.perf_counter()
             deadline = time.monotonic() + max_seconds
-            insert_items(engine, args.warmup + 1, items)
+            insert(args.warmup + 1, items)
             end = _wait_all_finished(engine, table, args.warmup + items, poll, deadline)
             completed: int | None = None
             if end is None:  # truncated: the rate of what finished in time
@@ -461,6 +476,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-celery", dest="celery", action="store_false")
     parser.add_argument("--no-limit", dest="limit", action="store_false")
+    parser.add_argument(
+        "--no-wakeups",
+        dest="wakeups",
+        action="store_false",
+        help="insert dbworker's rows on a plain engine (found by polling alone), not "
+        "through the application's session factory, whose commits wake the coordinator",
+    )
     parser.add_argument("--limit-batch", type=int, default=2, help="records per limit claim")
     parser.add_argument("--rss-interval-ms", type=float, default=100.0)
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "throughput.json")
@@ -480,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": args.warmup,
             "concurrency": args.concurrency,
             "poll_ms": args.poll_ms,
+            "dbworker_wakeups": args.wakeups,
             "limit_batch": args.limit_batch,
             "rss_interval_ms": args.rss_interval_ms,
             "redis": REDIS_URL,
