@@ -288,7 +288,27 @@ class SourceLockingPostgreSQL(PostgreSQLDialect):
         return [Claim(*row) for row in rows]
 
 
+class SourceLockingDiscoveryPostgreSQL(PostgreSQLDialect):
+    """Discovery reads the new keys FOR SHARE: the application's rows wait for it."""
+
+    def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        pk = worker.source_pk
+        rows = conn.execute(select(pk, self.now()).order_by(pk).with_for_update(read=True)).all()
+        return self._add_pending(conn, worker, rows), rows[-1][0] if rows else None
+
+
 # -- MySQL / MariaDB locking ---------------------------------------------------------------
+
+
+class RepeatableReadDiscoveryMySQL(MySQLDialect):
+    """Discovers in one INSERT ... SELECT whatever the isolation level: under REPEATABLE
+    READ (the connection's here) InnoDB takes shared next-key locks on the source."""
+
+    def coordinator_engine_options(self) -> dict[str, Any]:
+        return {**super().coordinator_engine_options(), "isolation_level": "REPEATABLE READ"}
+
+    def _discovers_in_one_statement(self, conn: Connection) -> bool:
+        return True
 
 
 class UnlockedMySQL(MySQLDialect):
@@ -466,7 +486,19 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage("unlocked", fixed(UnlockedPostgreSQL), ("postgresql",), RACING),
     Breakage("no-skip-locked", fixed(WaitingPostgreSQL), ("postgresql",), RACING),
     Breakage("locks-source-rows", fixed(SourceLockingPostgreSQL), ("postgresql",), SOURCE_ROWS),
+    Breakage(
+        "discovery-locks-source-rows",
+        fixed(SourceLockingDiscoveryPostgreSQL),
+        ("postgresql",),
+        ("discovery_leaves_source_rows_unlocked",),
+    ),
     Breakage("unlocked", fixed(UnlockedMySQL), ("mysql",), RACING),
+    Breakage(
+        "repeatable-read-discovery",
+        fixed(RepeatableReadDiscoveryMySQL),
+        ("mysql",),
+        ("discovery_leaves_source_rows_unlocked",),
+    ),
     Breakage(
         "locking-search",
         fixed(LockingSearchMySQL),

@@ -556,6 +556,31 @@ def check_discovery_reports_its_watermark(make_dialect: DialectFactory, url: str
         assert _known(h, h.items) == {1, 2, 3, 7}
 
 
+def check_discovery_leaves_source_rows_unlocked(make_dialect: DialectFactory, url: str) -> None:
+    """While a discovery's transaction is open, the application can update the rows it
+    found and insert rows above them without waiting."""
+    with Harness(make_dialect, url) as h:
+        if not h.dialect.supports_concurrent_claims:
+            pytest.skip(
+                "a database without concurrent claims has one writer at a time: every "
+                "application write waits for the discovery's transaction, row locks or not"
+            )
+        h.seed()
+        a, app = h.actor(), h.app()
+        newest = max(row.id for row in ITEMS)
+        with a.begin():
+            assert h.dialect.discover(a, h.items) == len(ITEMS)
+
+            def touch() -> None:
+                with app.begin():
+                    app.execute(update(Item).values(note="app"))
+                    h.add_items(newest + 1, conn=app)
+
+            _without_waiting("an application write of discovered rows during a discovery", touch)
+        assert [_note(h, row.id) for row in ITEMS] == ["app"] * len(ITEMS)
+        assert _known(h, h.items) == {row.id for row in ITEMS}
+
+
 def check_sweep_finds_rows_below_watermark(make_dialect: DialectFactory, url: str) -> None:
     """Rows whose keys sit below ones already discovered are found by ``sweep``.
 
@@ -708,6 +733,7 @@ CHECKS: dict[str, Check] = {
     "batch_claims_follow_eligible_order": check_batch_claims_follow_eligible_order,
     "discovers_later_inserts": check_discovers_later_inserts,
     "discovery_reports_its_watermark": check_discovery_reports_its_watermark,
+    "discovery_leaves_source_rows_unlocked": check_discovery_leaves_source_rows_unlocked,
     "sweep_finds_rows_below_watermark": check_sweep_finds_rows_below_watermark,
     "out_of_order_commits_found_by_sweep": check_out_of_order_commits_found_by_sweep,
     "non_integer_keys_discovered": check_non_integer_keys_discovered,

@@ -96,6 +96,10 @@ def test_discovery_reports_its_watermark(make_dialect: DialectFactory, url: str)
     checks.check_discovery_reports_its_watermark(make_dialect, url)
 
 
+def test_discovery_leaves_source_rows_unlocked(make_dialect: DialectFactory, url: str) -> None:
+    checks.check_discovery_leaves_source_rows_unlocked(make_dialect, url)
+
+
 def test_sweep_finds_rows_below_watermark(make_dialect: DialectFactory, url: str) -> None:
     checks.check_sweep_finds_rows_below_watermark(make_dialect, url)
 

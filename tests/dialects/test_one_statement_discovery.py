@@ -1,0 +1,82 @@
+"""Discovery moves new keys into pending records in one statement where that locks none
+of the application's rows: always on PostgreSQL (a plain SELECT in a CTE), on MySQL /
+MariaDB under READ COMMITTED (InnoDB then reads an INSERT ... SELECT's source as a
+consistent read) unless the binary log is statement-based (which refuses that
+statement at READ COMMITTED). Elsewhere the keys are read, then inserted.
+``check_discovery_leaves_source_rows_unlocked`` (conformance) holds either way to
+"no lock on the application's rows"; here, which way a discovery went.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, event
+
+from dbworker.dialects import for_url
+from dbworker.dialects.mysql import _STATEMENT_BINLOG
+
+from .models import ITEMS
+from .support import Harness
+
+
+@contextmanager
+def _inserts(conn: Connection) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        words = " ".join(statement.split())
+        if "INSERT INTO" in words.upper():
+            seen.append(words)
+
+    event.listen(conn.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(conn.engine, "before_cursor_execute", record)
+
+
+def _discover(h: Harness, conn: Connection) -> tuple[int, Any]:
+    with conn.begin():
+        return h.dialect.discover_to_watermark(conn, h.items)
+
+
+def _one_statement(inserts: list[str]) -> bool:
+    assert len(inserts) == 1, inserts
+    return "SELECT " in inserts[0] and " VALUES " not in inserts[0]
+
+
+@pytest.mark.backends("postgresql", "mysql")
+def test_a_coordinators_discovery_is_one_statement(database_url: str) -> None:
+    with Harness(lambda _clock: for_url(database_url), database_url) as h:
+        h.seed()
+        conn = h.actor()  # the coordinator's engine options (READ COMMITTED on MySQL)
+        with _inserts(conn) as seen:
+            assert _discover(h, conn) == (len(ITEMS), max(row.id for row in ITEMS))
+        assert _one_statement(seen)
+
+
+@pytest.mark.backends("mysql")
+def test_repeatable_read_discovers_in_two_statements(database_url: str) -> None:
+    # The application's default on InnoDB: an INSERT ... SELECT would lock the source.
+    with Harness(lambda _clock: for_url(database_url), database_url) as h:
+        h.seed()
+        conn = h.app()
+        assert conn.get_isolation_level() == "REPEATABLE READ"
+        with _inserts(conn) as seen:
+            assert _discover(h, conn) == (len(ITEMS), max(row.id for row in ITEMS))
+        assert not _one_statement(seen)
+
+
+@pytest.mark.backends("mysql")
+def test_a_statement_based_binary_log_discovers_in_two_statements(database_url: str) -> None:
+    with Harness(lambda _clock: for_url(database_url), database_url) as h:
+        h.seed()
+        conn = h.actor()
+        conn.connection.info[_STATEMENT_BINLOG] = True  # as if binlog_format=STATEMENT
+        with _inserts(conn) as seen:
+            assert _discover(h, conn) == (len(ITEMS), max(row.id for row in ITEMS))
+        assert not _one_statement(seen)
