@@ -57,6 +57,14 @@ def _without_waiting(what: str, call: Callable[[], T]) -> T:
         raise AssertionError(f"{what} waited for a lock or failed: {exc.orig!r}") from exc
 
 
+def _skip_with_one_writer(h: Harness, what: str) -> None:
+    if not h.dialect.supports_concurrent_claims:
+        pytest.skip(
+            "a database without concurrent claims has one writer at a time: every "
+            f"application write waits for the {what}'s transaction, row locks or not"
+        )
+
+
 def _only(*source_ids: Any) -> Select[Any]:
     return select(Item).where(Item.id.in_(source_ids)).order_by(Item.id)
 
@@ -153,11 +161,7 @@ def check_claim_leaves_source_rows_unlocked(
     (and the rows the eligible query joined) without waiting."""
     chosen = VARIANTS[variant]
     with Harness(make_dialect, url) as h:
-        if not h.dialect.supports_concurrent_claims:
-            pytest.skip(
-                "a database without concurrent claims has one writer at a time: every "
-                "application write waits for the claim's transaction, row locks or not"
-            )
+        _skip_with_one_writer(h, "claim")
         h.seed()
         h.discover(h.items)
         a, app = h.actor(), h.app()
@@ -560,11 +564,7 @@ def check_discovery_leaves_source_rows_unlocked(make_dialect: DialectFactory, ur
     """While a discovery's transaction is open, the application can update the rows it
     found and insert rows above them without waiting."""
     with Harness(make_dialect, url) as h:
-        if not h.dialect.supports_concurrent_claims:
-            pytest.skip(
-                "a database without concurrent claims has one writer at a time: every "
-                "application write waits for the discovery's transaction, row locks or not"
-            )
+        _skip_with_one_writer(h, "discovery")
         h.seed()
         a, app = h.actor(), h.app()
         newest = max(row.id for row in ITEMS)
