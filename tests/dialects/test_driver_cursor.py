@@ -124,3 +124,17 @@ def test_a_connection_the_server_dropped_is_invalidated(database_url: str) -> No
         assert raised.value.connection_invalidated
         assert h.dialect.is_transient(raised.value)
         assert conn.invalidated
+
+
+@pytest.mark.backends("mysql")
+def test_pymysql_runs_the_driver_form_too(mysql_driver_urls: dict[str, str]) -> None:
+    url = mysql_driver_urls["pymysql"]
+    with _harness(url) as h:
+        tokens = {i: h.claim_one(h.items, i).token for i in (1, 2)}
+        with h.transaction() as conn:
+            assert h.dialect.finish(conn, h.items, 1, tokens[1])
+            assert not h.dialect.finish(conn, h.items, 2, tokens[2] + 1)
+        compiled = list(h.dialect._driver_statements.values())
+        assert compiled and all(statement is not None for statement in compiled), compiled
+        assert h.record(h.items, 1)["status"] == "finished"  # type: ignore[index]
+        assert h.record(h.items, 2)["status"] == "working"  # type: ignore[index]
