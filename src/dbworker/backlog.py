@@ -22,10 +22,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import Connection, DateTime, and_, func, inspect, or_, select
+from sqlalchemy import Connection, DateTime, and_, func, or_, select
 
 from .core.status import Phase
 from .dialects import Dialect
+from .schema import has_table
 from .worker import Registration
 
 #: Source columns taken to be the row's creation time, in order of preference.
@@ -95,11 +96,7 @@ def measure(conn: Connection, dialect: Dialect, worker: Registration) -> dict[st
     table = worker.table.table
     source = worker.table.source_pk.table
     count: int | None
-    count, first = (
-        waiting(conn, dialect, worker, now)
-        if inspect(conn).has_table(source.name, schema=source.schema)
-        else (None, None)
-    )
+    count, first = waiting(conn, dialect, worker, now) if has_table(conn, source) else (None, None)
     start = now - HISTORY_MINUTES * 60
     bucket = dialect.whole_minutes(table.c.finished_at - start)
     history_rows = conn.execute(

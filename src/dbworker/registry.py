@@ -25,11 +25,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, delete, insert, inspect, select, update
+from sqlalchemy import Connection, Engine, Table, delete, insert, select, update
 
 from .backlog import db_now, measure
 from .dialects import Dialect
 from .dialects.base import READ_ONLY_OPTION
+from .schema import has_table
 from .worker import Registration
 
 log = logging.getLogger("dbworker")
@@ -85,10 +86,6 @@ def describe_workers(workers: Iterable[Registration]) -> list[dict[str, Any]]:
 def _read_only(engine: Engine) -> Connection:
     # On SQLite a plain BEGIN: a WAL reader waits for nobody and blocks no claim.
     return engine.connect().execution_options(**{READ_ONLY_OPTION: True})
-
-
-def has_table(conn: Connection, table: Table) -> bool:
-    return bool(inspect(conn).has_table(table.name))
 
 
 def list_coordinators(

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Column,
+    Connection,
     Double,
     Index,
     Integer,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    inspect,
     text,
 )
 from sqlalchemy.types import TypeEngine
@@ -128,3 +130,8 @@ def coordinators_table(metadata: MetaData) -> Table:
         Column("stats_at", Double),
         comment="dbworker: running coordinators",
     )
+
+
+def has_table(conn: Connection, table: Table) -> bool:
+    """Whether ``table`` exists (in its schema) on ``conn``'s database."""
+    return bool(inspect(conn).has_table(table.name, schema=table.schema))

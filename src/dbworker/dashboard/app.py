@@ -12,7 +12,8 @@ from urllib.parse import urlsplit
 from ..core.errors import ConfigurationError
 from ..overview import duration_text, overview
 from ..records_view import history, item_record
-from ..registry import has_table, list_coordinators
+from ..registry import list_coordinators
+from ..schema import has_table
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
