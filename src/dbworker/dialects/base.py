@@ -56,6 +56,17 @@ from .liveness import ping_when_idle
 
 #: Claims are numbered from 1, so no fenced statement under this token matches a row.
 NEVER_ISSUED_TOKEN = -1
+#: What discovery sets in a new pending record (the other columns take their defaults).
+PENDING_COLUMNS = (
+    "source_id",
+    "status",
+    "token",
+    "attempts",
+    "failures",
+    "crashes",
+    "discovered_at",
+    "updated_at",
+)
 #: An execution option marking a connection whose transaction only reads.
 READ_ONLY_OPTION = "dbworker_read_only"
 #: A clock for tests: seconds since the epoch. Production reads the database's clock.
@@ -303,13 +314,36 @@ class Dialect:
     def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
         pk = worker.source_pk
         watermark = self.watermark(conn, worker)
-        query = select(pk, self.now()).order_by(pk).limit(self.discovery_batch)
-        if watermark is not None:
-            query = query.where(pk > watermark)
-        rows = conn.execute(query).all()
+        query = self._above_watermark(worker, watermark is not None, pk, self.now())
+        rows = conn.execute(query, {"watermark": watermark}).all()
         added = self._add_pending(conn, worker, rows)
         # In key order and above the old watermark: the last is the largest known now.
         return added, rows[-1][0] if rows else watermark
+
+    def _above_watermark(
+        self, worker: WorkerTable, above: bool, *columns: ColumnElement[Any]
+    ) -> Select[Any]:
+        """``columns`` of one batch of source rows in key order, above the ``watermark``
+        parameter when ``above``."""
+        pk = worker.source_pk
+        query = select(*columns).order_by(pk).limit(self.discovery_batch)
+        return query.where(pk > bindparam("watermark", type_=pk.type)) if above else query
+
+    def _pending_values(self, source_id: ColumnElement[Any]) -> list[ColumnElement[Any]]:
+        """A new pending record for ``source_id`` as SQL, column by column
+        (``PENDING_COLUMNS``): for discovery in one statement."""
+        now = self.now()
+        return [source_id, _lit(Phase.PENDING), *[literal_column("0")] * 4, now, now]
+
+    def _discovery_round(
+        self, conn: Connection, worker: WorkerTable, build: Callable[[bool], Any]
+    ) -> tuple[Any, Any]:
+        """Run a dialect's one-statement discovery, ``build(above)`` (built once per table
+        and whether a watermark bounds it); its result and the watermark it started from."""
+        watermark = self.watermark(conn, worker)
+        above = watermark is not None
+        statement = self._built_once(("discover", worker.table, above), lambda: build(above))
+        return conn.execute(statement, {"watermark": watermark}), watermark
 
     def sweep(self, conn: Connection, worker: WorkerTable, above: Any = None) -> int:
         """Add pending records for every source row (above ``above``) that has none."""
@@ -348,17 +382,9 @@ class Dialect:
     def _add_pending(self, conn: Connection, worker: WorkerTable, rows: Sequence[Any]) -> int:
         if not rows:
             return 0
+        pending = (Phase.PENDING.value, 0, 0, 0, 0)
         values = [
-            {
-                "source_id": source_id,
-                "status": Phase.PENDING.value,
-                "token": 0,
-                "attempts": 0,
-                "failures": 0,
-                "crashes": 0,
-                "discovered_at": float(now),
-                "updated_at": float(now),
-            }
+            dict(zip(PENDING_COLUMNS, (source_id, *pending, float(now), float(now)), strict=True))
             for source_id, now in rows
         ]
         # One statement built once, many parameter sets: SQLAlchemy sends them as

@@ -25,7 +25,7 @@ from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
 
 from ..core.status import Phase
-from .base import Claim, Dialect, WorkerTable, claim_columns
+from .base import PENDING_COLUMNS, Claim, Dialect, WorkerTable, claim_columns
 from .open_first import (
     StraightJoin,
     in_direction,
@@ -80,12 +80,10 @@ class MySQLDialect(Dialect):
         # the binary log accepts it (statement-based logging refuses READ COMMITTED).
         if not self._discovers_in_one_statement(conn):
             return super()._discover_above_watermark(conn, worker)
-        watermark = self.watermark(conn, worker)
-        above = watermark is not None
-        statement = self._built_once(
-            ("discover", worker.table, above), lambda: self._discovery_statement(worker, above)
+        result, watermark = self._discovery_round(
+            conn, worker, lambda above: self._discovery_statement(worker, above)
         )
-        added = conn.execute(statement, {"watermark": watermark} if above else {}).rowcount
+        added = result.rowcount
         return int(added), self.watermark(conn, worker) if added else watermark
 
     def _discovers_in_one_statement(self, conn: Connection) -> bool:
@@ -102,16 +100,9 @@ class MySQLDialect(Dialect):
         return not statement_binlog
 
     def _discovery_statement(self, worker: WorkerTable, above: bool) -> Any:
-        table, pk = worker.table, worker.source_pk
-        now = self.now()
-        rows = select(
-            pk, literal_column(f"'{Phase.PENDING.value}'"), *[literal_column("0")] * 4, now, now
-        )
-        rows = rows.order_by(pk).limit(self.discovery_batch)
-        if above:
-            rows = rows.where(pk > bindparam("watermark", type_=pk.type))
-        columns = ["source_id", "status", "token", "attempts", "failures", "crashes"]
-        statement = mysql_insert(table).from_select([*columns, "discovered_at", "updated_at"], rows)
+        table = worker.table
+        rows = self._above_watermark(worker, above, *self._pending_values(worker.source_pk))
+        statement = mysql_insert(table).from_select(PENDING_COLUMNS, rows)
         # As insert_ignore: a key another coordinator added meanwhile is left as it is.
         return statement.on_duplicate_key_update(source_id=table.c.source_id)
 

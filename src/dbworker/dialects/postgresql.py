@@ -12,7 +12,6 @@ from sqlalchemy import (
     Float,
     Select,
     Table,
-    bindparam,
     cast,
     extract,
     func,
@@ -25,8 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
-from ..core.status import Phase
-from .base import Claim, Dialect, Owner, WorkerTable, claim_columns
+from .base import PENDING_COLUMNS, Claim, Dialect, Owner, WorkerTable, claim_columns
 from .open_first import (
     apply_modifiers,
     claimed,
@@ -110,34 +108,19 @@ class PostgreSQLDialect(Dialect):
         # in one statement: sent back as parameters, psycopg executed one INSERT per
         # row (the coordinator's largest cost per item after its pipes). A plain
         # SELECT in a CTE locks none of the application's rows.
-        watermark = self.watermark(conn, worker)
-        above = watermark is not None
-        statement = self._built_once(
-            ("discover", worker.table, above), lambda: self._discovery_statement(worker, above)
+        result, watermark = self._discovery_round(
+            conn, worker, lambda above: self._discovery_statement(worker, above)
         )
-        found, largest, _added = conn.execute(
-            statement, {"watermark": watermark} if above else {}
-        ).one()
+        found, largest, _added = result.one()
         return int(found), watermark if largest is None else largest
 
     def _discovery_statement(self, worker: WorkerTable, above: bool) -> Any:
-        table, pk = worker.table, worker.source_pk
-        search = select(pk.label("source_id")).order_by(pk).limit(self.discovery_batch)
-        if above:
-            search = search.where(pk > bindparam("watermark", type_=pk.type))
-        found = search.cte("dbworker_found")
-        now = self.now()
-        columns = ["source_id", "status", "token", "attempts", "failures", "crashes"]
-        rows = select(
-            found.c.source_id,
-            literal_column(f"'{Phase.PENDING.value}'"),
-            *[literal_column("0")] * 4,
-            now,
-            now,
-        )
+        table = worker.table
+        found = self._above_watermark(worker, above, worker.source_pk.label("source_id"))
+        found_cte = found.cte("dbworker_found")
         added = (
             pg_insert(table)
-            .from_select([*columns, "discovered_at", "updated_at"], rows)
+            .from_select(PENDING_COLUMNS, select(*self._pending_values(found_cte.c.source_id)))
             .on_conflict_do_nothing(index_elements=["source_id"])
             .returning(table.c.source_id)
             .cte("dbworker_added")
@@ -145,8 +128,8 @@ class PostgreSQLDialect(Dialect):
         # Each CTE is read, so that SQLAlchemy renders the INSERT (PostgreSQL runs a
         # data-modifying CTE once whether or not it is read).
         return select(
-            select(func.count()).select_from(found).scalar_subquery(),
-            select(func.max(found.c.source_id)).scalar_subquery(),
+            select(func.count()).select_from(found_cte).scalar_subquery(),
+            select(func.max(found_cte.c.source_id)).scalar_subquery(),
             select(func.count()).select_from(added).scalar_subquery(),
         )
 
