@@ -180,6 +180,12 @@ def run_dbworker(
         options = {"connect_args": {"timeout": 30}} if backend == "sqlite" else {}
         engine = sa.create_engine(url, **options)
 
+        # The application's side: a coordinator that only registers the worker, so that
+        # commits through its session factory wake the service.
+        application = sessionmaker(engine)
+        if args.wakeups:
+            throughput_coordinator(application, url, args.concurrency)
+
         def insert(first: int, count: int) -> None:
             if args.wakeups:
                 insert_items_through(application, first, count)
@@ -187,10 +193,6 @@ def run_dbworker(
                 insert_items(engine, first, count)
 
         try:
-            # The application's side: a coordinator that only registers the worker, so
-            # that commits through its session factory wake the service.
-            application = sessionmaker(engine)
-            throughput_coordinator(application, url, args.concurrency)
             ready = _read_json_line(process.stdout, args.timeout)
             table = ready["table"]
             insert(1, args.warmup)
