@@ -14,7 +14,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, create_engine, insert, select
+from sqlalchemy import Connection, Engine, Select, create_engine, event, insert, select
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -137,6 +137,21 @@ VARIANTS: dict[str, Variant] = {
         lambda row: -row.priority,
     ),
 }
+
+
+@contextmanager
+def statements_run(conn: Connection) -> Iterator[list[str]]:
+    """The statements ``conn``'s engine sends while the block runs, whitespace folded."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(" ".join(statement.split()))
+
+    event.listen(conn.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(conn.engine, "before_cursor_execute", record)
 
 
 def by_id() -> Select[Any]:

@@ -10,35 +10,19 @@ with one UPDATE ... RETURNING, MySQL with its search, lock and UPDATE.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, event, select
+from sqlalchemy import select
 
 from dbworker.dialects import Claim, for_url
 from dbworker.dialects.postgresql import PLAN_SETTINGS
 
 from .models import ITEMS, Item
-from .support import LEASE, OWNER, Harness, ids
+from .support import LEASE, OWNER, Harness, ids, statements_run
 
 #: What the database stores for a claim, as the claim must report it.
 FIELDS = ("token", "attempts", "failures", "crashes", "status")
-
-
-@contextmanager
-def _statements(conn: Connection) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        seen.append(" ".join(statement.split()))
-
-    event.listen(conn.engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(conn.engine, "before_cursor_execute", record)
 
 
 def _db_clock(url: str) -> Harness:
@@ -64,7 +48,7 @@ def test_statements_per_claim(database_url: str) -> None:
         h.seed()
         h.discover(h.items)
         by_key = select(Item).order_by(Item.id)
-        with _statements(h.admin) as seen:
+        with statements_run(h.admin) as seen:
             claims = _claim(h, by_key, 3)
         assert ids(claims) == [1, 2, 3]
         _assert_stored(h, claims)
@@ -164,7 +148,7 @@ def test_sqlite_without_returning_claims_in_two_statements(
         h.seed()
         h.discover(h.items)
         monkeypatch.setattr(h.admin.dialect, "update_returning", False)
-        with _statements(h.admin) as seen:
+        with statements_run(h.admin) as seen:
             claims = _claim(h, select(Item).order_by(Item.id), 2)
         assert ids(claims) == [1, 2]
         _assert_stored(h, claims)

@@ -9,34 +9,16 @@ statement at READ COMMITTED). Elsewhere the keys are read, then inserted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, event
+from sqlalchemy import Connection
 
 from dbworker.dialects import for_url
 from dbworker.dialects.mysql import _STATEMENT_BINLOG
 
 from .models import ITEMS
-from .support import Harness
-
-
-@contextmanager
-def _inserts(conn: Connection) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        words = " ".join(statement.split())
-        if "INSERT INTO" in words.upper():
-            seen.append(words)
-
-    event.listen(conn.engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(conn.engine, "before_cursor_execute", record)
+from .support import Harness, statements_run
 
 
 def _discover(h: Harness, conn: Connection) -> tuple[int, Any]:
@@ -44,8 +26,9 @@ def _discover(h: Harness, conn: Connection) -> tuple[int, Any]:
         return h.dialect.discover_to_watermark(conn, h.items)
 
 
-def _one_statement(inserts: list[str]) -> bool:
-    assert len(inserts) == 1, inserts
+def _one_statement(statements: list[str]) -> bool:
+    inserts = [s for s in statements if "INSERT INTO" in s.upper()]
+    assert len(inserts) == 1, statements
     return "SELECT " in inserts[0] and " VALUES " not in inserts[0]
 
 
@@ -54,7 +37,7 @@ def test_a_coordinators_discovery_is_one_statement(database_url: str) -> None:
     with Harness(lambda _clock: for_url(database_url), database_url) as h:
         h.seed()
         conn = h.actor()  # the coordinator's engine options (READ COMMITTED on MySQL)
-        with _inserts(conn) as seen:
+        with statements_run(conn) as seen:
             assert _discover(h, conn) == (len(ITEMS), max(row.id for row in ITEMS))
         assert _one_statement(seen)
 
@@ -66,7 +49,7 @@ def test_repeatable_read_discovers_in_two_statements(database_url: str) -> None:
         h.seed()
         conn = h.app()
         assert conn.get_isolation_level() == "REPEATABLE READ"
-        with _inserts(conn) as seen:
+        with statements_run(conn) as seen:
             assert _discover(h, conn) == (len(ITEMS), max(row.id for row in ITEMS))
         assert not _one_statement(seen)
 
@@ -77,6 +60,6 @@ def test_a_statement_based_binary_log_discovers_in_two_statements(database_url: 
         h.seed()
         conn = h.actor()
         conn.connection.info[_STATEMENT_BINLOG] = True  # as if binlog_format=STATEMENT
-        with _inserts(conn) as seen:
+        with statements_run(conn) as seen:
             assert _discover(h, conn) == (len(ITEMS), max(row.id for row in ITEMS))
         assert not _one_statement(seen)
