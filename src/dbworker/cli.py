@@ -32,8 +32,7 @@ from .logs import configure as configure_logging
 from .metrics import prometheus_metrics
 from .overview import duration_text, overview
 from .records_view import item_record
-from .registry import list_coordinators
-from .schema import has_table
+from .registry import has_table, list_coordinators
 from .worker import Worker
 
 EXIT_OK = 0

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from .backlog import measure
-from .registry import STATS_MAX_AGE, Timing, cached_stats
-from .schema import has_table
+from .registry import STATS_MAX_AGE, Timing, cached_stats, has_table
 
 if TYPE_CHECKING:
     from .coordinator import Coordinator

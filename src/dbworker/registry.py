@@ -30,7 +30,9 @@ from sqlalchemy import Connection, Engine, Table, delete, insert, select, update
 from .backlog import db_now, measure
 from .dialects import Dialect
 from .dialects.base import READ_ONLY_OPTION
-from .schema import has_table
+
+# Re-exported: the read side (overview, CLI, dashboard) reaches the schema through here.
+from .schema import has_table as has_table
 from .worker import Registration
 
 log = logging.getLogger("dbworker")

@@ -12,8 +12,7 @@ from urllib.parse import urlsplit
 from ..core.errors import ConfigurationError
 from ..overview import duration_text, overview
 from ..records_view import history, item_record
-from ..registry import list_coordinators
-from ..schema import has_table
+from ..registry import has_table, list_coordinators
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
