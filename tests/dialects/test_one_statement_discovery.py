@@ -1,5 +1,6 @@
 """Discovery moves new keys into pending records in one statement where that locks none
-of the application's rows: always on PostgreSQL (a plain SELECT in a CTE), on MySQL /
+of the application's rows: always on PostgreSQL (a plain SELECT in a CTE) and SQLite
+(no row locks: the write lock a discovery holds is held either way), on MySQL /
 MariaDB under READ COMMITTED (InnoDB then reads an INSERT ... SELECT's source as a
 consistent read) unless the binary log is statement-based (which refuses that
 statement at READ COMMITTED). Elsewhere the keys are read, then inserted.
@@ -32,7 +33,7 @@ def _one_statement(statements: list[str]) -> bool:
     return "SELECT " in inserts[0] and " VALUES " not in inserts[0]
 
 
-@pytest.mark.backends("postgresql", "mysql")
+@pytest.mark.backends("postgresql", "mysql", "sqlite")
 def test_a_coordinators_discovery_is_one_statement(database_url: str) -> None:
     with Harness(lambda _clock: for_url(database_url), database_url) as h:
         h.seed()
