@@ -115,6 +115,9 @@ def serve(conn: Connection, runner: Runner) -> None:
     """
     waiting: collections.deque[TaskMessage] = collections.deque()
     cancelled: set[TaskKey] = set()
+    # Registered once: ``conn.poll()`` builds a selector for every look, twice an item.
+    arrived = select.poll()
+    arrived.register(conn.fileno(), select.POLLIN)
 
     def read(message: Any) -> bool:
         if message is None:
@@ -126,7 +129,7 @@ def serve(conn: Connection, runner: Runner) -> None:
         return True
 
     def read_arrived() -> bool:
-        while conn.poll():
+        while arrived.poll(0):
             if not read(receive(conn)):
                 return False
         return True
