@@ -26,8 +26,11 @@ def _check_prefetch(value: object) -> None:
         raise ConfigurationError(f"prefetch must be an int >= 0, got {value!r}")
 
 
-#: Claimed tasks that may wait for each process while invocations are short.
-DEFAULT_PREFETCH = 16
+#: Claimed tasks that may wait for each process while invocations are short (and the
+#: 50 ms horizon allows). A claim is made once half of that room is free, so this sets
+#: the claim's batch: 32 took MariaDB from 604 to 715 no-op items/s and PostgreSQL from
+#: 614 to 689 (medians of alternating runs) against 16; 64 was no faster than 32.
+DEFAULT_PREFETCH = 32
 
 
 def _check_start_method(method: str | None) -> None:
