@@ -345,6 +345,18 @@ class Dialect:
         statement = self._built_once(("discover", worker.table, above), lambda: build(above))
         return conn.execute(statement, {"watermark": watermark}), watermark
 
+    def _discover_in_one_insert(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        """Discovery as one ``INSERT ... SELECT`` from the source table (``insert_ignore``
+        leaves keys another coordinator added): the records added, and the watermark."""
+
+        def build(above: bool) -> Any:
+            rows = self._above_watermark(worker, above, *self._pending_values(worker.source_pk))
+            return self.insert_ignore(worker.table).from_select(PENDING_COLUMNS, rows)
+
+        result, watermark = self._discovery_round(conn, worker, build)
+        added = int(result.rowcount)
+        return added, self.watermark(conn, worker) if added else watermark
+
     def sweep(self, conn: Connection, worker: WorkerTable, above: Any = None) -> int:
         """Add pending records for every source row (above ``above``) that has none."""
         table, pk = worker.table, worker.source_pk

@@ -25,7 +25,7 @@ from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
 
 from ..core.status import Phase
-from .base import PENDING_COLUMNS, Claim, Dialect, WorkerTable, claim_columns
+from .base import Claim, Dialect, WorkerTable, claim_columns
 from .open_first import (
     StraightJoin,
     in_direction,
@@ -80,11 +80,7 @@ class MySQLDialect(Dialect):
         # the binary log accepts it (statement-based logging refuses READ COMMITTED).
         if not self._discovers_in_one_statement(conn):
             return super()._discover_above_watermark(conn, worker)
-        result, watermark = self._discovery_round(
-            conn, worker, lambda above: self._discovery_statement(worker, above)
-        )
-        added = result.rowcount
-        return int(added), self.watermark(conn, worker) if added else watermark
+        return self._discover_in_one_insert(conn, worker)
 
     def _discovers_in_one_statement(self, conn: Connection) -> bool:
         if conn.get_isolation_level() not in _UNLOCKED_READS:
@@ -99,17 +95,10 @@ class MySQLDialect(Dialect):
             info[_STATEMENT_BINLOG] = statement_binlog
         return not statement_binlog
 
-    def _discovery_statement(self, worker: WorkerTable, above: bool) -> Any:
-        table = worker.table
-        rows = self._above_watermark(worker, above, *self._pending_values(worker.source_pk))
-        statement = mysql_insert(table).from_select(PENDING_COLUMNS, rows)
-        # As insert_ignore: a key another coordinator added meanwhile is left as it is.
-        return statement.on_duplicate_key_update(source_id=table.c.source_id)
-
     def insert_ignore(self, table: Table) -> Insert:
-        # ON DUPLICATE KEY (not INSERT IGNORE), which would also swallow data errors.
-        statement = mysql_insert(table)
-        return statement.on_duplicate_key_update(source_id=statement.inserted.source_id)
+        # ON DUPLICATE KEY (not INSERT IGNORE, which would also swallow data errors),
+        # setting the key to itself: valid after VALUES and after a SELECT alike.
+        return mysql_insert(table).on_duplicate_key_update(source_id=table.c.source_id)
 
     def candidates(
         self,

@@ -119,9 +119,8 @@ class PostgreSQLDialect(Dialect):
         found = self._above_watermark(worker, above, worker.source_pk.label("source_id"))
         found_cte = found.cte("dbworker_found")
         added = (
-            pg_insert(table)
+            self.insert_ignore(table)
             .from_select(PENDING_COLUMNS, select(*self._pending_values(found_cte.c.source_id)))
-            .on_conflict_do_nothing(index_elements=["source_id"])
             .returning(table.c.source_id)
             .cte("dbworker_added")
         )

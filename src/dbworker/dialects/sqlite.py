@@ -27,15 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from ..core.errors import ConfigurationError
-from .base import (
-    PENDING_COLUMNS,
-    READ_ONLY_OPTION,
-    Claim,
-    Dialect,
-    Owner,
-    WorkerTable,
-    claim_columns,
-)
+from .base import READ_ONLY_OPTION, Claim, Dialect, Owner, WorkerTable, claim_columns
 from .open_first import (
     CrossJoin,
     claimed,
@@ -106,18 +98,9 @@ class SQLiteDialect(Dialect):
         # in one statement: sent back as parameters, each row cost the coordinator a
         # parameter set to build and bind, under the write lock every writer waits
         # for. (SQLite has no row locks: the application's rows stay as free as before.)
-        result, watermark = self._discovery_round(
-            conn, worker, lambda above: self._discovery_statement(worker, above)
-        )
-        added = result.rowcount
-        return int(added), self.watermark(conn, worker) if added else watermark
-
-    def _discovery_statement(self, worker: WorkerTable, above: bool) -> Any:
-        rows = self._above_watermark(worker, above, *self._pending_values(worker.source_pk))
         # The SELECT ends in ORDER BY ... LIMIT, so SQLite cannot read the upsert's ON
         # as a join's (the ambiguity its documentation warns of for INSERT ... SELECT).
-        statement = sqlite_insert(worker.table).from_select(PENDING_COLUMNS, rows)
-        return statement.on_conflict_do_nothing(index_elements=["source_id"])
+        return self._discover_in_one_insert(conn, worker)
 
     # -- claiming ------------------------------------------------------------------------
 
