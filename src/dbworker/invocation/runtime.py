@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Integer, bindparam, create_engine, inspect, select
+from sqlalchemy import Connection, Engine, Integer, create_engine, inspect
 from sqlalchemy.orm import Session
 
 from ..core.errors import HandlerContractError
@@ -23,6 +23,7 @@ from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.base import NEVER_ISSUED_TOKEN
 from ..schema import detached_table
 from .connections import HeldConnections
+from .loading import SourceLoader
 from .session import HandlerSession
 
 FINISHED = decide(Ending.FINISHED)
@@ -52,7 +53,7 @@ class Runtime:
         self._tables: dict[tuple[str, type[Any]], WorkerTable] = {}
         #: What ``rehearse`` ran with, per worker, to run again in a fresh process.
         self.rehearsals: dict[str, tuple[type[Any], Any]] = {}
-        self._loaders: dict[type[Any], Any] = {}
+        self._loaders: dict[type[Any], SourceLoader] = {}
         self._held: HeldConnections | None = None
 
     @property
@@ -163,17 +164,12 @@ class Runtime:
         source_id: Any,
         bind: Connection | None = None,
     ) -> Any:
-        """The source row as the handler receives it (``session.get``, from a statement
-        built once per process: a forked handler process then builds no SQL)."""
-        statement = self._loaders.get(source)
-        if statement is None:
-            statement = select(source).where(worker.source_pk == bindparam("dbworker_source_id"))
-            self._loaders[source] = statement
-        return session.execute(
-            statement,
-            {"dbworker_source_id": source_id},
-            bind_arguments=None if bind is None else {"bind": bind},
-        ).scalar()
+        """The source row as the handler receives it (as ``session.get`` gives it, from
+        statements built once per process: a forked handler process then builds no SQL)."""
+        loader = self._loaders.get(source)
+        if loader is None:
+            loader = self._loaders[source] = SourceLoader(source, worker.source_pk)
+        return loader.load(session, source_id, bind)
 
     def dispose(self) -> None:
         self.release()

@@ -1,0 +1,112 @@
+"""How the source row becomes the mapped instance a handler receives.
+
+The handler gets what ``session.get(Source, key)`` would give it: an instance
+persistent in its session, every column loaded, no history. The ORM's query path
+builds that at a cost (its compile state, loading context and row processing took
+about as much client CPU as the round trip itself, ``benchmarks.child_path``); for a
+plain mapping the same instance is made from a Core row instead, with SQLAlchemy's
+documented route for an instance loaded without its query (``make_transient_to_detached``
+then ``Session.add``). Anything the ORM would do differently for a mapping (inheritance,
+eager loaders, deferred or computed columns, load events, session hooks around
+queries) takes the ORM's path, so the handler cannot tell the two apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Column, ColumnElement, Connection, Table, bindparam, inspect, select
+from sqlalchemy.orm import (
+    ColumnProperty,
+    Mapper,
+    Relationship,
+    Session,
+    Synonym,
+    make_transient_to_detached,
+)
+
+#: Relationship loaders that leave the attribute unloaded until it is read, as an
+#: instance made from the row leaves it; any other loader fills it during the load.
+_LOADED_WHEN_READ = frozenset({"select", True, "raise", "raise_on_sql", "write_only", "dynamic"})
+#: Session hooks that see loads: with one listening, only the ORM's load is the same.
+_SESSION_HOOKS = ("do_orm_execute", "loaded_as_persistent", "detached_to_persistent")
+#: Instance events a load fires (``load`` also runs ``@reconstructor`` methods).
+_INSTANCE_HOOKS = ("load", "refresh", "expire")
+
+_KEY = "dbworker_source_id"
+
+
+class SourceLoader:
+    """Loads rows of one mapped class by primary key, built once per process."""
+
+    def __init__(self, source: type[Any], pk: ColumnElement[Any]) -> None:
+        mapper = inspect(source)
+        self._orm = select(source).where(pk == bindparam(_KEY))
+        columns = _plain_columns(mapper)
+        self._manager = mapper.class_manager
+        self._direct = None if columns is None else select(*columns).where(pk == bindparam(_KEY))
+        self._keys = [] if columns is None else [_attribute(mapper, c) for c in columns]
+
+    @property
+    def direct(self) -> bool:
+        """Whether rows of this mapping are loaded without the ORM's query path."""
+        return self._direct is not None
+
+    def load(self, session: Session, source_id: Any, bind: Connection | None = None) -> Any:
+        """The row as ``session`` holds it, or None when the row is gone."""
+        params = {_KEY: source_id}
+        arguments = None if bind is None else {"bind": bind}
+        if self._direct is None or _hooked(session, self._manager.dispatch):
+            return session.execute(self._orm, params, bind_arguments=arguments).scalar()
+        row = session.connection(bind_arguments=arguments).execute(self._direct, params).first()
+        if row is None:
+            return None
+        instance = self._manager.new_instance()
+        values = inspect(instance).dict
+        for key, value in zip(self._keys, row, strict=True):
+            values[key] = value
+        make_transient_to_detached(instance)
+        session.add(instance)
+        return instance
+
+
+def _plain_columns(mapper: Mapper[Any]) -> list[Column[Any]] | None:
+    """The table columns an instance of ``mapper`` is made from, or None when a load
+    through the ORM would do more than read them (then only the ORM's load will do)."""
+    table = mapper.local_table
+    if (
+        not isinstance(table, Table)
+        or mapper.persist_selectable is not table
+        or mapper.inherits is not None
+        or mapper.polymorphic_on is not None
+        or len(mapper.self_and_descendants) != 1
+        or mapper.composites
+    ):
+        return None
+    columns: list[Column[Any]] = []
+    for prop in mapper.iterate_properties:
+        if isinstance(prop, ColumnProperty):
+            if prop.deferred or len(prop.columns) != 1:
+                return None
+            column = prop.columns[0]
+            if not isinstance(column, Column) or column.table is not table:
+                return None  # a column_property expression, or another table's column
+            columns.append(column)
+        elif isinstance(prop, Relationship):
+            if prop.lazy not in _LOADED_WHEN_READ:
+                return None
+        elif not isinstance(prop, Synonym):
+            return None
+    return columns
+
+
+def _attribute(mapper: Mapper[Any], column: Column[Any]) -> str:
+    return mapper.get_property_by_column(column).key
+
+
+def _hooked(session: Session, instance_events: Any) -> bool:
+    # Checked at each load: listeners can be added to the Session class or the mapped
+    # class at any time, and each must see the load as it would through the ORM.
+    return any(getattr(session.dispatch, name) for name in _SESSION_HOOKS) or any(
+        getattr(instance_events, name) for name in _INSTANCE_HOOKS
+    )
