@@ -41,9 +41,11 @@ per process; PSS splits it between them (both are reported).
 
 dbworker's figures are also given as ratios: ``vs_celery_fastest`` (items/s against the
 faster Celery configuration at the same size), ``vs_limit`` (against the limit of the
-same database and size), ``rss_vs_celery`` (peak RSS against that Celery run's worker
-tree) and ``at_<largest>_vs_<smallest>`` (items/s at the largest size against the
-smallest).
+same database and size), ``vs_celery_nearest`` and ``vs_limit_nearest`` (the median over
+dbworker's runs of each run against the runs nearest to it in time: this machine's
+speed changes from one spell to the next, and runs close in time share one),
+``rss_vs_celery`` (peak RSS against that Celery run's worker tree) and
+``at_<largest>_vs_<smallest>`` (items/s at the largest size against the smallest).
 
 Run: ``python -m benchmarks.throughput --help``.
 """
@@ -357,6 +359,26 @@ def ratio(numerator: float, denominator: float) -> float | None:
     return round(numerator / denominator, 3) if denominator else None
 
 
+def nearest_ratio(ours: dict[str, Any], others: Sequence[dict[str, Any]]) -> float | None:
+    """The median, over ``ours``'s runs, of each run's items/s against the faster of
+    ``others`` (summaries of other systems at the same size) in their runs nearest to it
+    in time. This machine's speed drifts between spells within a round; runs close in
+    time share a spell, so their ratios vary less than the ratio of medians does."""
+    ratios = []
+    for run in ours["runs"]:
+        at = run.get("measured_at")
+        if at is None:
+            return None
+        nearest = [
+            min(other["runs"], key=lambda theirs: abs(theirs.get("measured_at", 0) - at))
+            for other in others
+        ]
+        value = ratio(run["items_per_second"], max(r["items_per_second"] for r in nearest))
+        if value is not None:
+            ratios.append(value)
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
 def compare(
     results: dict[str, dict[str, dict[str, Any]]], dialects: Sequence[str], sizes: Sequence[int]
 ) -> dict[str, Any]:
@@ -376,6 +398,9 @@ def compare(
                 figures["vs_celery_fastest"] = ratio(
                     ours[key]["items_per_second"], theirs["items_per_second"]
                 )
+                figures["vs_celery_nearest"] = nearest_ratio(
+                    ours[key], [results[name][key] for name in celery]
+                )
                 figures["rss_vs_celery"] = ratio(ours[key]["peak_rss_kib"], theirs["peak_rss_kib"])
                 figures["pss_vs_celery"] = ratio(ours[key]["peak_pss_kib"], theirs["peak_pss_kib"])
             limit = results.get(f"limit/{backend}")
@@ -383,6 +408,7 @@ def compare(
                 figures["vs_limit"] = ratio(
                     ours[key]["items_per_second"], limit[key]["items_per_second"]
                 )
+                figures["vs_limit_nearest"] = nearest_ratio(ours[key], [limit[key]])
             entry[key] = figures
         ratios[f"dbworker/{backend}"] = entry
     if len(sizes) > 1:
@@ -543,8 +569,10 @@ def main(argv: list[str] | None = None) -> int:
         shift = (repeat * len(measurements)) // max(1, args.repeat)
         for system, size, measure in measurements[shift:] + measurements[:shift]:
             settled = wait_for_quiet_machine() if args.settle else 0.0
+            measured_at = time.time()
             result = measure()
             result["settled_seconds"] = round(settled, 2)
+            result["measured_at"] = round(measured_at, 3)
             runs.setdefault(system, {}).setdefault(size, []).append(result)
             truncated = " truncated" if result.get("truncated") else ""
             log(
