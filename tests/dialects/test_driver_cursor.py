@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import event, exc, text, update
+from sqlalchemy import create_engine, event, exc, text, update
 
 from dbworker.dialects import for_url
 from server_sessions import drop_on_server, server_id
@@ -124,6 +124,30 @@ def test_a_connection_the_server_dropped_is_invalidated(database_url: str) -> No
         assert raised.value.connection_invalidated
         assert h.dialect.is_transient(raised.value)
         assert conn.invalidated
+
+
+def test_a_cursor_kept_with_a_connection_goes_with_it(database_url: str) -> None:
+    # One pooled connection: after the server drops it, the pool's record stays and
+    # gets a new driver connection. The statements must run on a cursor of that one.
+    with _harness(database_url) as h:
+        if h.app_engine.dialect.name == "sqlite":
+            pytest.skip("an embedded database has no server to drop a connection")
+        tokens = {i: h.claim_one(h.items, i).token for i in (1, 2)}
+        engine = create_engine(h.url, pool_size=1, max_overflow=0)
+        h.dialect.configure_engine(engine)
+        try:
+            with engine.connect() as conn:
+                with conn.begin():
+                    assert h.dialect.finish(conn, h.items, 1, tokens[1])
+                with pytest.raises(exc.DBAPIError) as raised, conn.begin():
+                    drop_on_server(h.url, server_id(conn))
+                    h.dialect.finish(conn, h.items, 2, tokens[2])
+                assert raised.value.connection_invalidated
+            with engine.connect() as conn, conn.begin():
+                assert h.dialect.finish(conn, h.items, 2, tokens[2])
+        finally:
+            engine.dispose()
+        assert h.record(h.items, 2)["status"] == "finished"  # type: ignore[index]
 
 
 @pytest.mark.backends("mysql")

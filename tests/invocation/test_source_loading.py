@@ -28,6 +28,7 @@ from sqlalchemy import (
     TypeDecorator,
     create_engine,
     event,
+    exc,
     func,
     inspect,
 )
@@ -359,3 +360,28 @@ def test_the_direct_load_reads_columns_only(engine: Engine) -> None:
     finally:
         event.remove(engine, "before_cursor_execute", spy)
     assert len(statements) == 1 and "load_lines" not in statements[0]
+
+
+def test_the_direct_load_reads_on_the_drivers_cursor(engine: Engine) -> None:
+    loader = loader_for(Order)
+    with Session(engine) as session:
+        assert loader.load(session, 7) is not None
+    # Compiled for the driver (None would mean SQLAlchemy's execution, without a word).
+    assert list(loader._driver.values()) and all(loader._driver.values())
+
+
+DROPPED = ("load_lines", "load_orders")
+
+
+def test_a_driver_error_is_the_one_the_orm_load_raises(engine: Engine) -> None:
+    loader = loader_for(Order)
+    with Session(engine) as session:
+        assert loader.load(session, 7) is not None  # compiled on the driver
+    Base.metadata.drop_all(engine, tables=[Base.metadata.tables[t] for t in DROPPED])
+    with Session(engine) as session, pytest.raises(exc.DBAPIError) as on_driver:
+        loader.load(session, 7)
+    with Session(engine) as session, pytest.raises(exc.DBAPIError) as through_orm:
+        session.get(Order, 7)
+    assert type(on_driver.value) is type(through_orm.value)
+    assert type(on_driver.value.orig) is type(through_orm.value.orig)
+    Base.metadata.create_all(engine)  # for the fixture's drop_all

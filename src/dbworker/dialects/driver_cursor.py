@@ -1,21 +1,24 @@
 """Statements compiled once and run on the driver's own cursor.
 
-A handler process runs one fenced UPDATE per item. Through SQLAlchemy's execution
-(compiled-cache lookup, execution context, result set-up) that UPDATE cost 52 / 83 /
-77 µs of client CPU per item on SQLite / PostgreSQL / MariaDB, on the driver's cursor
-35 / 61 / 51 (`benchmarks.child_path`). What SQLAlchemy's path gives that matters here is kept:
-the statement runs in SQLAlchemy's transaction (begun if there is none, as its
-autobegin would), the driver's errors come back as SQLAlchemy's exceptions, and a lost
-connection is invalidated. Whoever watches statements (``echo``, cursor-execute or
-error listeners, a schema translation map) gets SQLAlchemy's path, so sees them all.
+A handler process runs two statements of its own per item: the read of its source row
+by key and the fenced UPDATE. Through SQLAlchemy's execution (compiled-cache lookup,
+execution context, result set-up) the UPDATE cost 52 / 83 / 77 µs of client CPU per item
+on SQLite / PostgreSQL / MariaDB, on the driver's cursor 35 / 61 / 51
+(`benchmarks.child_path`); the read, in a slow spell of the machine, 198 / 147 µs on
+PostgreSQL / MariaDB against 70 / 66 on a cursor kept with the driver connection (a new
+psycopg cursor for each statement cost 30 µs more). What SQLAlchemy's path gives that
+matters here is kept: the statement runs in SQLAlchemy's transaction (begun if there is
+none, as its autobegin would), the driver's errors come back as SQLAlchemy's
+exceptions, a lost connection is invalidated, and a row's values go through their
+column types' result processors. Whoever watches statements (``echo``, cursor-execute
+or error listeners, a schema translation map) gets SQLAlchemy's path, so sees them all.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection
@@ -37,6 +40,8 @@ class DriverStatement:
     #: The values of the parameters the statement carries itself.
     fixed: Mapping[str, Any]
     processors: Mapping[str, Callable[[Any], Any]]
+    #: The result processors of a SELECT's columns, by the driver's column types.
+    _results: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict, compare=False)
 
     @classmethod
     def compile(cls, statement: Any, dialect: SADialect) -> DriverStatement | None:
@@ -67,6 +72,20 @@ class DriverStatement:
         order = tuple(compiled.positiontup or ()) if compiled.positional else None
         return cls(statement, compiled.string, order, fixed, processors)
 
+    def result_processors(self, dialect: SADialect, description: Any) -> tuple[Any, ...]:
+        """Each selected column's result processor (or None), as SQLAlchemy's result
+        set-up chooses it: from the column's type and the type the driver reports."""
+        driver_types = tuple(column[1] for column in description)
+        processors = self._results.get(driver_types)
+        if processors is None:
+            columns = self.statement.selected_columns  # type: ignore[attr-defined]
+            processors = tuple(
+                column.type.dialect_impl(dialect).result_processor(dialect, driver_type)
+                for column, driver_type in zip(columns, driver_types, strict=True)
+            )
+            self._results[driver_types] = processors
+        return processors
+
     def parameters(self, params: Mapping[str, Any]) -> Any:
         values = {**self.fixed, **params}
         for name, processor in self.processors.items():
@@ -90,17 +109,51 @@ def watched(conn: Connection) -> bool:
 
 def rowcount(conn: Connection, statement: DriverStatement, params: Mapping[str, Any]) -> int:
     """Run ``statement`` on ``conn``'s driver connection; the rows it matched."""
+    cursor = _execute(conn, statement, params)
+    if cursor is None:  # invalidated: SQLAlchemy's path reconnects or says why
+        return int(conn.execute(statement.statement, params).rowcount)
+    return int(cursor.rowcount)
+
+
+def first_row(
+    conn: Connection, statement: DriverStatement, params: Mapping[str, Any]
+) -> tuple[Any, ...] | None:
+    """Run the SELECT ``statement`` on ``conn``'s driver connection; its first row, as
+    SQLAlchemy would give it (each value through its column type's result processor)."""
+    cursor = _execute(conn, statement, params)
+    if cursor is None:
+        row = conn.execute(statement.statement, params).first()
+        return None if row is None else tuple(row)
+    # All of them: an unfinished statement would keep its cursor (and, on SQLite, its
+    # read) open until the next one.
+    rows = cursor.fetchall()
+    if not rows:
+        return None
+    processors = statement.result_processors(conn.dialect, cursor.description)
+    return tuple(
+        value if process is None else process(value)
+        for value, process in zip(rows[0], processors, strict=True)
+    )
+
+
+def _execute(conn: Connection, statement: DriverStatement, params: Mapping[str, Any]) -> Any:
+    """``statement`` executed on the cursor kept with ``conn``'s driver connection, or
+    None when that connection was invalidated."""
     if not conn.in_transaction():
         conn.begin()  # as SQLAlchemy's autobegin: the caller's commit covers the statement
     dialect = conn.dialect
-    dbapi_connection = conn.connection.dbapi_connection
-    if dbapi_connection is None:  # invalidated: SQLAlchemy's path reconnects or says why
-        return int(conn.execute(statement.statement, params).rowcount)
+    pooled = conn.connection
+    dbapi_connection = pooled.dbapi_connection
+    if dbapi_connection is None:
+        return None
+    # Kept in the connection's info, which SQLAlchemy clears when it replaces the
+    # driver connection: a cursor never outlives the connection it was made on.
+    cursor = pooled.info.get(_CURSOR)
+    if cursor is None:
+        cursor = pooled.info[_CURSOR] = dbapi_connection.cursor()
     args = statement.parameters(params)
-    cursor = dbapi_connection.cursor()
     try:
         cursor.execute(statement.sql, args)
-        return int(cursor.rowcount)
     except dialect.loaded_dbapi.Error as exc:
         lost = dialect.is_disconnect(exc, dbapi_connection, cursor)
         error = DBAPIError.instance(
@@ -114,6 +167,7 @@ def rowcount(conn: Connection, statement: DriverStatement, params: Mapping[str, 
         if lost:
             conn.invalidate(error)
         raise error from exc
-    finally:
-        with contextlib.suppress(Exception):
-            cursor.close()
+    return cursor
+
+
+_CURSOR = "dbworker_driver_cursor"

@@ -3,12 +3,13 @@
 The handler gets what ``session.get(Source, key)`` would give it: an instance
 persistent in its session, every column loaded, no history. The ORM's query path
 builds that at a cost (its compile state, loading context and row processing took
-about as much client CPU as the round trip itself, ``benchmarks.child_path``); for a
-plain mapping the same instance is made from a Core row instead, with SQLAlchemy's
-documented route for an instance loaded without its query (``make_transient_to_detached``
-then ``Session.add``). Anything the ORM would do differently for a mapping (inheritance,
-eager loaders, deferred or computed columns, load events, session hooks around
-queries) takes the ORM's path, so the handler cannot tell the two apart.
+about as much client CPU as the round trip itself, ``benchmarks.child_path``). For a
+plain mapping the same instance is made from the row read on the driver's cursor
+(``dialects.driver_cursor``), by SQLAlchemy's documented route for an instance loaded
+without its query: ``make_transient_to_detached``, then ``Session.add``. Anything the
+ORM would do differently for a mapping (inheritance, eager loaders, deferred or
+computed columns, load events, session hooks around queries) takes the ORM's path, so
+the handler cannot tell the two apart.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Column, ColumnElement, Connection, Table, bindparam, inspect, select
+from sqlalchemy.engine import Dialect as SADialect
 from sqlalchemy.orm import (
     ColumnProperty,
     Mapper,
@@ -24,6 +26,8 @@ from sqlalchemy.orm import (
     Synonym,
     make_transient_to_detached,
 )
+
+from ..dialects.driver_cursor import DriverStatement, first_row, watched
 
 #: Relationship loaders that leave the attribute unloaded until it is read, as an
 #: instance made from the row leaves it; any other loader fills it during the load.
@@ -46,6 +50,7 @@ class SourceLoader:
         self._manager = mapper.class_manager
         self._direct = None if columns is None else select(*columns).where(pk == bindparam(_KEY))
         self._keys = [] if columns is None else [_attribute(mapper, c) for c in columns]
+        self._driver: dict[SADialect, DriverStatement | None] = {}
 
     @property
     def direct(self) -> bool:
@@ -58,7 +63,7 @@ class SourceLoader:
         arguments = None if bind is None else {"bind": bind}
         if self._direct is None or _hooked(session, self._manager.dispatch):
             return session.execute(self._orm, params, bind_arguments=arguments).scalar()
-        row = session.connection(bind_arguments=arguments).execute(self._direct, params).first()
+        row = self._read(session.connection(bind_arguments=arguments), self._direct, params)
         if row is None:
             return None
         instance = self._manager.new_instance()
@@ -68,6 +73,19 @@ class SourceLoader:
         make_transient_to_detached(instance)
         session.add(instance)
         return instance
+
+    def _read(self, conn: Connection, statement: Any, params: dict[str, Any]) -> Any:
+        """The row's values, on the driver's cursor unless someone watches statements."""
+        if not watched(conn):
+            try:
+                driver = self._driver[conn.dialect]
+            except KeyError:
+                driver = self._driver[conn.dialect] = DriverStatement.compile(
+                    statement, conn.dialect
+                )
+            if driver is not None:
+                return first_row(conn, driver, params)
+        return conn.execute(statement, params).first()
 
 
 def _plain_columns(mapper: Mapper[Any]) -> list[Column[Any]] | None:
