@@ -385,3 +385,12 @@ def test_a_driver_error_is_the_one_the_orm_load_raises(engine: Engine) -> None:
     assert type(on_driver.value) is type(through_orm.value)
     assert type(on_driver.value.orig) is type(through_orm.value.orig)
     Base.metadata.create_all(engine)  # for the fixture's drop_all
+
+
+def test_a_row_the_session_holds_already_is_that_instance(engine: Engine) -> None:
+    with Session(engine) as session:
+        held = session.get(Order, 7)
+        assert held is not None
+        held.label = "edited, not flushed"
+        assert loader_for(Order).load(session, 7) is held
+        assert held.label == "edited, not flushed"

@@ -61,7 +61,11 @@ class SourceLoader:
         """The row as ``session`` holds it, or None when the row is gone."""
         params = {_KEY: source_id}
         arguments = None if bind is None else {"bind": bind}
-        if self._direct is None or _hooked(session, self._manager.dispatch):
+        if (
+            self._direct is None
+            or len(session.identity_map)  # it may hold the row already: the ORM finds it
+            or _hooked(session, self._manager.dispatch)
+        ):
             return session.execute(self._orm, params, bind_arguments=arguments).scalar()
         row = self._read(session.connection(bind_arguments=arguments), self._direct, params)
         if row is None:
