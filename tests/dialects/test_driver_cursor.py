@@ -35,7 +35,7 @@ def test_fenced_statements_have_a_driver_form_on_each_database(database_url: str
         with h.transaction() as conn:
             assert h.dialect.finish(conn, h.items, 1, token)
         assert h.record(h.items, 1)["status"] == "finished"  # type: ignore[index]
-        compiled = list(h.dialect._driver_statements.values())
+        compiled = h.dialect._driver_forms.compiled()
         assert compiled and all(statement is not None for statement in compiled), compiled
 
 
@@ -158,7 +158,7 @@ def test_pymysql_runs_the_driver_form_too(mysql_driver_urls: dict[str, str]) -> 
         with h.transaction() as conn:
             assert h.dialect.finish(conn, h.items, 1, tokens[1])
             assert not h.dialect.finish(conn, h.items, 2, tokens[2] + 1)
-        compiled = list(h.dialect._driver_statements.values())
+        compiled = h.dialect._driver_forms.compiled()
         assert compiled and all(statement is not None for statement in compiled), compiled
         assert h.record(h.items, 1)["status"] == "finished"  # type: ignore[index]
         assert h.record(h.items, 2)["status"] == "working"  # type: ignore[index]

@@ -51,7 +51,7 @@ from ..core.tasks import (
     bounded,
 )
 from ..core.transitions import Event, is_fenced, sources
-from .driver_cursor import DriverStatement, rowcount, watched
+from .driver_cursor import DriverForms, rowcount
 from .liveness import ping_when_idle
 
 #: Claims are numbered from 1, so no fenced statement under this token matches a row.
@@ -203,7 +203,7 @@ class Dialect:
         self._db_clock: ColumnElement[float] | None = None
         self._built: dict[tuple[Any, ...], Any] = {}
         #: Built-once statements compiled for a driver, per key and SQLAlchemy dialect.
-        self._driver_statements: dict[tuple[Any, ...], DriverStatement | None] = {}
+        self._driver_forms = DriverForms()
 
     # -- configuration -------------------------------------------------------------
 
@@ -565,15 +565,9 @@ class Dialect:
     ) -> int:
         """The rows a built-once statement matched, run on the driver's cursor unless
         someone watches statements (``driver_cursor``: a handler's finish is one)."""
-        if self.clock is None and not watched(conn):
-            compiled_for = (key, conn.dialect)
-            try:
-                driver = self._driver_statements[compiled_for]
-            except KeyError:
-                driver = DriverStatement.compile(statement, conn.dialect)
-                self._driver_statements[compiled_for] = driver
-            if driver is not None:
-                return rowcount(conn, driver, params)
+        driver = None if self.clock is not None else self._driver_forms.get(conn, key, statement)
+        if driver is not None:
+            return rowcount(conn, driver, params)
         return int(conn.execute(statement, params).rowcount)
 
     def _fenced_update(self, table: Table, event: Event, values: Mapping[str, Any]) -> Any:

@@ -95,6 +95,28 @@ class DriverStatement:
         return tuple([values[name] for name in self.order])
 
 
+class DriverForms:
+    """Statements' driver forms, compiled once per key and SQLAlchemy dialect."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[tuple[Any, SADialect], DriverStatement | None] = {}
+
+    def get(self, conn: Connection, key: Any, statement: Any) -> DriverStatement | None:
+        """``statement``'s driver form for ``conn``, or None when it must go through
+        SQLAlchemy's execution (someone watches statements, or it has no such form)."""
+        if watched(conn):
+            return None
+        compiled_for = (key, conn.dialect)
+        try:
+            return self._compiled[compiled_for]
+        except KeyError:
+            driver = self._compiled[compiled_for] = DriverStatement.compile(statement, conn.dialect)
+            return driver
+
+    def compiled(self) -> list[DriverStatement | None]:
+        return list(self._compiled.values())
+
+
 def watched(conn: Connection) -> bool:
     """Whether anyone would miss a statement that bypassed SQLAlchemy's execution."""
     dispatch = conn.dispatch

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Column, ColumnElement, Connection, Table, bindparam, inspect, select
-from sqlalchemy.engine import Dialect as SADialect
 from sqlalchemy.orm import (
     ColumnProperty,
     Mapper,
@@ -27,7 +26,7 @@ from sqlalchemy.orm import (
     make_transient_to_detached,
 )
 
-from ..dialects.driver_cursor import DriverStatement, first_row, watched
+from ..dialects.driver_cursor import DriverForms, first_row
 
 #: Relationship loaders that leave the attribute unloaded until it is read, as an
 #: instance made from the row leaves it; any other loader fills it during the load.
@@ -50,7 +49,7 @@ class SourceLoader:
         self._manager = mapper.class_manager
         self._direct = None if columns is None else select(*columns).where(pk == bindparam(_KEY))
         self._keys = [] if columns is None else [_attribute(mapper, c) for c in columns]
-        self._driver: dict[SADialect, DriverStatement | None] = {}
+        self._driver = DriverForms()
 
     @property
     def direct(self) -> bool:
@@ -80,15 +79,9 @@ class SourceLoader:
 
     def _read(self, conn: Connection, statement: Any, params: dict[str, Any]) -> Any:
         """The row's values, on the driver's cursor unless someone watches statements."""
-        if not watched(conn):
-            try:
-                driver = self._driver[conn.dialect]
-            except KeyError:
-                driver = self._driver[conn.dialect] = DriverStatement.compile(
-                    statement, conn.dialect
-                )
-            if driver is not None:
-                return first_row(conn, driver, params)
+        driver = self._driver.get(conn, "load", statement)
+        if driver is not None:
+            return first_row(conn, driver, params)
         return conn.execute(statement, params).first()
 
 
