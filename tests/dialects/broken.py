@@ -354,6 +354,15 @@ class OverLockingMySQL(MySQLDialect):
         return [locked[i] for i in found if i in locked][:limit]
 
 
+class SilentSkipsMySQL(MySQLDialect):
+    """Claims pass over records another transaction holds without saying so."""
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        return list(super().lock_candidates(conn, worker, eligible, limit))
+
+
 # -- SQLite --------------------------------------------------------------------------------
 
 
@@ -507,5 +516,11 @@ BREAKAGES: tuple[Breakage, ...] = (
         ("claim_leaves_source_rows_unlocked[ordered]", *RACING),
     ),
     Breakage("over-locking", fixed(OverLockingMySQL), ("mysql",), RACING),
+    Breakage(
+        "silent-skips",
+        fixed(SilentSkipsMySQL),
+        ("mysql",),
+        ("concurrent_discovery_hides_no_claimable_record",),
+    ),
     Breakage("claims-concurrently", fixed(ConcurrentSQLite), ("sqlite",), RACING),
 )

@@ -12,17 +12,19 @@ Claim cost independent of history is a benchmark (benchmarks/), not a check here
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Connection, Select, select, update
+from sqlalchemy import Connection, Select, event, select, update
 from sqlalchemy.exc import DBAPIError
 
 from dbworker import ExecutionStatus
 from dbworker.core.policy import Ending, decide
 from dbworker.core.status import Phase
-from dbworker.dialects import Claim, WorkerTable
+from dbworker.dialects import Claim, Claims, WorkerTable
 
 from .models import ITEMS, Group, Item, Keyed, key
 from .support import (
@@ -178,6 +180,56 @@ def check_claim_leaves_source_rows_unlocked(
             _without_waiting("an application UPDATE of claimed rows during a claim", touch)
         assert [_note(h, i) for i in ids(won)] == ["app"] * len(won)
         assert all(_status(h, h.items, i) == Phase.WORKING.value for i in ids(won))
+
+
+def check_concurrent_discovery_hides_no_claimable_record(
+    make_dialect: DialectFactory, url: str
+) -> None:
+    """Two coordinators woken by one commit discover the same new rows at once, and the
+    second one's insert of keys the first added may lock those records until it
+    commits. A claim meanwhile must not wait, and must take each claimable record or
+    report it skipped (``Claims.skipped``): a record passed over in silence waits for
+    its coordinator's next poll, which may be a minute away."""
+    with Harness(make_dialect, url) as h:
+        _skip_with_one_writer(h, "discovery")
+        h.seed()
+        first, second = h.actor(), h.actor()
+        inserting, discovered, done = threading.Event(), threading.Event(), threading.Event()
+
+        @event.listens_for(second, "before_cursor_execute")
+        def _inserting(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if "INSERT" in statement.upper():  # alone, or in a CTE
+                inserting.set()
+
+        def second_discovery() -> None:
+            with second.begin():
+                h.dialect.discover(second, h.items)
+                discovered.set()
+                done.wait(timeout=30)
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            with first.begin():
+                h.dialect.discover(first, h.items)
+                running = pool.submit(second_discovery)
+                # The second read the watermark before the first committed: it inserts
+                # every key again, waiting for the first's locks, then holding its own.
+                assert inserting.wait(timeout=30), "the second discovery never inserted"
+            try:
+                assert discovered.wait(timeout=30), "the second discovery never finished"
+                claims = _without_waiting(
+                    "a claim beside a discovery",
+                    lambda: h.claim(h.actor(), h.items, by_id(), len(ITEMS)),
+                )
+            finally:
+                done.set()
+            running.result()
+        skipped = claims.skipped if isinstance(claims, Claims) else 0
+        assert len(claims) + skipped >= len(ITEMS), (
+            f"of {len(ITEMS)} claimable records a claim took {ids(claims)} and reported "
+            f"{skipped} skipped: the rest were passed over without a word"
+        )
+        rest = h.claim(h.actor(), h.items, by_id(), len(ITEMS))
+        assert sorted(ids(claims) + ids(rest)) == ALL_ITEMS
 
 
 # -- fencing -----------------------------------------------------------------------------
@@ -721,6 +773,9 @@ CHECKS: dict[str, Check] = {
         )
         for name in VARIANTS
     },
+    "concurrent_discovery_hides_no_claimable_record": (
+        check_concurrent_discovery_hides_no_claimable_record
+    ),
     "takeover_after_lease_expiry": check_takeover_after_lease_expiry,
     "stale_token_cannot_complete_or_renew": check_stale_token_cannot_complete_or_renew,
     "completion_is_atomic": check_completion_is_atomic,

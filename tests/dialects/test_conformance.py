@@ -48,6 +48,12 @@ def test_claim_leaves_source_rows_unlocked(
     checks.check_claim_leaves_source_rows_unlocked(make_dialect, url, variant)
 
 
+def test_concurrent_discovery_hides_no_claimable_record(
+    make_dialect: DialectFactory, url: str
+) -> None:
+    checks.check_concurrent_discovery_hides_no_claimable_record(make_dialect, url)
+
+
 def test_takeover_after_lease_expiry(make_dialect: DialectFactory, url: str) -> None:
     checks.check_takeover_after_lease_expiry(make_dialect, url)
 

@@ -431,21 +431,30 @@ def test_run_serves_metrics(ops: Site, tmp_path: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     log = tmp_path / "run.log"
+
+    def finished() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        return {
+            sample.labels["worker"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "dbworker_items_finished_total"
+        }
+
     with running(ops, log, "--metrics-port", str(port)) as process:
         wait_for_log(log, f"metrics at http://127.0.0.1:{port}/metrics")
         ops.wait_for_status(reader, "jobs", [1, 2], ExecutionStatus.FINISHED)
         ops.wait_for_status(reader, "quick", [1, 2], ExecutionStatus.FINISHED)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-            text = response.read().decode()
+        # The handler process commits FINISHED; the coordinator counts the item when it
+        # reads the result, a moment later.
+        wait_until(
+            lambda: finished() == {"jobs": 2.0, "quick": 2.0},
+            "the metrics to count each finished item once",
+            diagnose=finished,
+        )
         process.send_signal(signal.SIGTERM)
         assert wait_for_exit(process, log) == 0
-    finished = {
-        sample.labels["worker"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "dbworker_items_finished_total"
-    }
-    assert finished == {"jobs": 2.0, "quick": 2.0}
 
 
 def test_run_second_sigint_stops_at_once(ops: Site, tmp_path: Path) -> None:

@@ -1,12 +1,13 @@
 """Per-database strategies behind one interface, and the registry that picks one."""
 
 from ..core.tasks import ErrorInfo
-from .base import Claim, Clock, Dialect, Owner, WorkerTable
+from .base import Claim, Claims, Clock, Dialect, Owner, WorkerTable
 from .registry import ENTRY_POINT_GROUP, dialect_class, for_engine, for_url, register
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Claim",
+    "Claims",
     "Clock",
     "Dialect",
     "ErrorInfo",

@@ -95,6 +95,24 @@ class Claim:
     status: str | None = None
 
 
+class Claims(list[Claim]):
+    """What a claim took, and how many records it found claimable but could not lock.
+
+    Another transaction held those (on MySQL, a concurrent discovery's insert of the
+    same keys locks them until it commits): they are claimable again in a moment, and
+    the caller should look again soon rather than at its next poll. A dialect that
+    cannot tell (one statement searches and locks) reports none.
+    """
+
+    skipped: int = 0
+
+    @classmethod
+    def of(cls, claims: Iterable[Claim], skipped: int = 0) -> Claims:
+        made = cls(claims)
+        made.skipped = skipped
+        return made
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Owner:
     host: str
@@ -467,8 +485,9 @@ class Dialect:
         if limit < 1:
             return []
         locked = self.lock_candidates(conn, worker, eligible, limit)
+        skipped = locked.skipped if isinstance(locked, Claims) else 0
         if not locked:
-            return []
+            return Claims.of((), skipped)
         statement = self._built_once(
             ("claim", worker.table, lease_seconds, owner),
             lambda: self._claim_update(worker.table, lease_seconds, owner),
@@ -476,16 +495,19 @@ class Dialect:
         conn.execute(statement, {"ids": [c.source_id for c in locked]})
         # The caller decides on max_crashes from the claim, so report the count as
         # the UPDATE above stored it: the locked status is the one its CASE read.
-        return [
-            dataclasses.replace(
-                c,
-                token=c.token + 1,
-                attempts=c.attempts + 1,
-                crashes=c.crashes + (c.status == Phase.WORKING.value),
-                status=Phase.WORKING.value,
-            )
-            for c in locked
-        ]
+        return Claims.of(
+            (
+                dataclasses.replace(
+                    c,
+                    token=c.token + 1,
+                    attempts=c.attempts + 1,
+                    crashes=c.crashes + (c.status == Phase.WORKING.value),
+                    status=Phase.WORKING.value,
+                )
+                for c in locked
+            ),
+            skipped,
+        )
 
     def _claim_update(self, table: Table, lease_seconds: float, owner: Owner) -> Any:
         """The UPDATE that claims the locked records ``ids``."""

@@ -25,7 +25,7 @@ from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
 
 from ..core.status import Phase
-from .base import Claim, Dialect, WorkerTable, claim_columns
+from .base import Claim, Claims, Dialect, WorkerTable, claim_columns
 from .open_first import (
     StraightJoin,
     in_direction,
@@ -148,7 +148,7 @@ class MySQLDialect(Dialect):
         # locks, then lock only execution rows by primary key, re-checking that each
         # is still claimable, and search further past rows another claimer holds.
         table = worker.table
-        claims: list[Claim] = []
+        claims = Claims()
         seen: set[Any] = set()
         for _ in range(self.search_rounds):
             wanted = limit - len(claims)
@@ -173,6 +173,8 @@ class MySQLDialect(Dialect):
                 rows: list[Any] = list(conn.execute(lock, {"ids": chunk}).all())
                 locked = {row[0]: Claim(*row) for row in rows}
                 claims.extend(locked[i] for i in chunk if i in locked)
+                # Found claimable, then locked by someone else or taken meanwhile.
+                claims.skipped += len(chunk) - len(locked)
             if len(claims) >= limit or len(searched) < window:
                 break
             seen.update(found)

@@ -36,6 +36,10 @@ class WorkerState:
     #: again before their result was read, by (source_id, token).
     completing: dict[tuple[Any, int], Held] = field(default_factory=dict)
     discovery: DiscoverySchedule = field(default_factory=DiscoverySchedule)
+    #: The wait after a claim that found claimable records locked by another
+    #: transaction (``Claims.skipped``) and took nothing: that lock is usually one
+    #: short transaction, so look again soon, backing off while it lasts.
+    contention: PollBackoff | None = None
 
     def item(self, source_id: Any, attempt: int | str) -> tuple[str, dict[str, Any]]:
         """How log records name an item: as attributes (``extra``), which formats and
