@@ -78,6 +78,7 @@ from ._common import (
     wait_for_quiet_machine,
     write_report,
 )
+from ._floor import TREE_PROCESSES, floors
 from .limit import measure_limit, median_of
 
 if TYPE_CHECKING:
@@ -380,7 +381,10 @@ def nearest_ratio(ours: dict[str, Any], others: Sequence[dict[str, Any]]) -> flo
 
 
 def compare(
-    results: dict[str, dict[str, dict[str, Any]]], dialects: Sequence[str], sizes: Sequence[int]
+    results: dict[str, dict[str, dict[str, Any]]],
+    dialects: Sequence[str],
+    sizes: Sequence[int],
+    floor: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """dbworker's figures as ratios, and how each system scales from the smallest size."""
     celery = [f"celery_{config}" for config in CELERY_CONFIGS if f"celery_{config}" in results]
@@ -403,6 +407,15 @@ def compare(
                 )
                 figures["rss_vs_celery"] = ratio(ours[key]["peak_rss_kib"], theirs["peak_rss_kib"])
                 figures["pss_vs_celery"] = ratio(ours[key]["peak_pss_kib"], theirs["peak_pss_kib"])
+                if floor is not None and f"dbworker/{backend}" in floor:
+                    # What no design could go below, against the same Celery tree.
+                    figures["floor_rss_vs_celery"] = ratio(
+                        floor[f"dbworker/{backend}"]["tree_rss_kib"], theirs["peak_rss_kib"]
+                    )
+            if floor is not None and f"dbworker/{backend}" in floor:
+                figures["rss_vs_floor"] = ratio(
+                    ours[key]["peak_rss_kib"], floor[f"dbworker/{backend}"]["tree_rss_kib"]
+                )
             limit = results.get(f"limit/{backend}")
             if limit is not None:
                 figures["vs_limit"] = ratio(
@@ -451,6 +464,12 @@ def print_summary(report: dict[str, Any], sizes: Sequence[int]) -> None:
                 f"{figures.get('peak_rss_kib', 0) / 1024:>9.1f}"
                 f"{figures.get('peak_pss_kib', 0) / 1024:>9.1f}  {shown}"
             )
+    for tree, figures in report.get("memory_floor", {}).items():
+        print(
+            f"floor of {tree}: {figures['tree_rss_kib'] / 1024:.1f} MiB RSS "
+            f"({TREE_PROCESSES} x {figures['process_rss_kib'] / 1024:.1f}: "
+            f"{', '.join(figures['imports'])})"
+        )
     scaling = report["ratios"].get("scaling")
     if scaling:
         print(f"{scaling['of']}:")
@@ -507,6 +526,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-celery", dest="celery", action="store_false")
     parser.add_argument("--no-limit", dest="limit", action="store_false")
+    parser.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the memory floor (fresh interpreters that only import what each "
+        "process of a tree needs)",
+    )
     parser.add_argument(
         "--no-wakeups",
         dest="wakeups",
@@ -584,7 +610,9 @@ def main(argv: list[str] | None = None) -> int:
         system: {str(size): summarize_runs(by_size[size]) for size in sizes}
         for system, by_size in runs.items()
     }
-    report["ratios"] = compare(report["results"], dialects, sizes)
+    if args.floor:
+        report["memory_floor"] = floors(dialects, child_environment(), REPOSITORY)
+    report["ratios"] = compare(report["results"], dialects, sizes, report.get("memory_floor"))
     report["total_seconds"] = round(time.perf_counter() - started, 1)
     write_report(args.output, report)
     log(f"wrote {args.output} ({report['total_seconds']} s)")
