@@ -25,13 +25,14 @@ from sqlalchemy.orm import sessionmaker
 from dbworker.dialects import for_url
 
 from ._common import server_version
-from .noop_work import ITEMS_TABLE, THROUGHPUT_WORKER, Base, throughput_coordinator
+from .noop_work import EXECUTORS, ITEMS_TABLE, THROUGHPUT_WORKER, Base, throughput_coordinator
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks._dbworker_process")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--poll-seconds", type=float, default=0.05)
+    parser.add_argument("--executor", choices=EXECUTORS, default="pool")
     args = parser.parse_args(argv)
     url = sys.stdin.readline().strip()
     dialect = for_url(url)
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         # Short waits after an empty poll, as a latency-minded deployment would set
         # them: rows committed without a wake-up are found within 50 ms.
         coordinator = throughput_coordinator(
-            sessionmaker(engine), url, args.concurrency, args.poll_seconds
+            sessionmaker(engine), url, args.concurrency, args.poll_seconds, args.executor
         )
         table = coordinator.workers[THROUGHPUT_WORKER].execution_table
         Base.metadata.create_all(engine, tables=[ITEMS_TABLE])

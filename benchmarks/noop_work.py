@@ -13,6 +13,8 @@ from dbworker import Coordinator, Finished
 
 #: The worker ``benchmarks.throughput`` measures.
 THROUGHPUT_WORKER = "bench_throughput"
+#: The executors it may measure it with (``Coordinator``'s names for them).
+EXECUTORS = ("pool", "subprocess")
 
 
 class Base(DeclarativeBase):
@@ -45,6 +47,7 @@ def throughput_coordinator(
     url: str,
     concurrency: int = 2,
     poll_seconds: float | None = None,
+    executor: str = "pool",
 ) -> Coordinator:
     """The coordinator both sides of ``benchmarks.throughput`` build: the worker service
     starts it; the inserting side only registers, so that its session factory's commits
@@ -59,7 +62,7 @@ def throughput_coordinator(
             max_poll_seconds=poll_seconds,
         )
     coordinator.transactional_worker(
-        name=THROUGHPUT_WORKER, source=NoopItem, concurrency=concurrency
+        name=THROUGHPUT_WORKER, source=NoopItem, concurrency=concurrency, executor=executor
     )(noop)
     return coordinator
 

@@ -80,6 +80,7 @@ from ._common import (
 )
 from ._floor import TREE_PROCESSES, floors
 from .limit import measure_limit, median_of
+from .noop_work import EXECUTORS
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -172,6 +173,8 @@ def run_dbworker(
                 "benchmarks._dbworker_process",
                 "--concurrency",
                 str(args.concurrency),
+                "--executor",
+                args.executor,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -237,6 +240,7 @@ def run_dbworker(
         "truncated": completed < items,
         "max_seconds": max_seconds,
         "concurrency": args.concurrency,
+        "executor": args.executor,
         "seconds": round(seconds, 3),
         "items_per_second": round(completed / seconds, 1),
         "cpu_ms_per_item": round(cpu * 1000 / max(completed, 1), 4),
@@ -509,6 +513,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="pool",
+        help="dbworker's executor (default: the default, pool)",
+    )
     parser.add_argument("--poll-ms", type=float, default=20.0)
     parser.add_argument(
         "--max-seconds",
@@ -558,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_seconds_per_database": {str(s): m for s, m in max_seconds.items()},
             "warmup": args.warmup,
             "concurrency": args.concurrency,
+            "executor": args.executor,
             "poll_ms": args.poll_ms,
             "dbworker_wakeups": args.wakeups,
             "limit_batch": args.limit_batch,
