@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
 DIALECTS = ("sqlite", "postgresql", "mysql")
+#: The executors dbworker's throughput may be measured with (``Coordinator``'s names).
+EXECUTORS = ("pool", "subprocess")
 URL_ENV_VARS = {
     "postgresql": "DBWORKER_BENCH_POSTGRESQL_URL",
     "mysql": "DBWORKER_BENCH_MYSQL_URL",

@@ -24,8 +24,8 @@ from sqlalchemy.orm import sessionmaker
 
 from dbworker.dialects import for_url
 
-from ._common import server_version
-from .noop_work import EXECUTORS, ITEMS_TABLE, THROUGHPUT_WORKER, Base, throughput_coordinator
+from ._common import EXECUTORS, server_version
+from .noop_work import ITEMS_TABLE, THROUGHPUT_WORKER, Base, throughput_coordinator
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,6 @@ from dbworker import Coordinator, Finished
 
 #: The worker ``benchmarks.throughput`` measures.
 THROUGHPUT_WORKER = "bench_throughput"
-#: The executors it may measure it with (``Coordinator``'s names for them).
-EXECUTORS = ("pool", "subprocess")
 
 
 class Base(DeclarativeBase):

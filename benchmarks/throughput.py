@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ._common import (
+    EXECUTORS,
     RESULTS_DIR,
     TreeMemory,
     add_dialects_argument,
@@ -80,7 +81,6 @@ from ._common import (
 )
 from ._floor import TREE_PROCESSES, floors
 from .limit import measure_limit, median_of
-from .noop_work import EXECUTORS
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
