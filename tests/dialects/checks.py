@@ -208,13 +208,14 @@ def check_concurrent_discovery_hides_no_claimable_record(
                 done.wait(timeout=30)
 
         with ThreadPoolExecutor(max_workers=1) as pool:
-            with first.begin():
-                h.dialect.discover(first, h.items)
-                running = pool.submit(second_discovery)
-                # The second read the watermark before the first committed: it inserts
-                # every key again, waiting for the first's locks, then holding its own.
-                assert inserting.wait(timeout=30), "the second discovery never inserted"
             try:
+                with first.begin():
+                    h.dialect.discover(first, h.items)
+                    running = pool.submit(second_discovery)
+                    # The second read the watermark before the first committed: it
+                    # inserts every key again, waiting for the first's locks, then
+                    # holding its own.
+                    assert inserting.wait(timeout=30), "the second discovery never inserted"
                 assert discovered.wait(timeout=30), "the second discovery never finished"
                 claims = _without_waiting(
                     "a claim beside a discovery",
