@@ -45,6 +45,8 @@ from sqlalchemy.orm import (
     synonym,
 )
 
+from dbworker.dialects import for_url
+from dbworker.dialects.base import READ_ONLY_OPTION
 from dbworker.invocation.loading import SourceLoader
 
 
@@ -399,3 +401,74 @@ def test_a_row_the_session_holds_already_is_that_instance(engine: Engine) -> Non
         held.label = "edited, not flushed"
         assert loader_for(Order).load(session, 7) is held
         assert held.label == "edited, not flushed"
+
+
+@pytest.fixture
+def handler_engine(engine: Engine, database_url: str) -> Iterator[Engine]:
+    """An engine set up as a handler process's (where the dialect reads the row apart)."""
+    dialect = for_url(database_url)
+    if not dialect.source_read_apart:
+        pytest.skip(f"{type(dialect).__name__} reads the source row in the handler's transaction")
+    configured = create_engine(database_url)
+    dialect.configure_engine(configured, handlers=True)
+    try:
+        yield configured
+    finally:
+        configured.dispose()
+
+
+def _read_apart(engine: Engine, handler_engine: Engine, key: Any) -> tuple[Any, Any, bool]:
+    """``load_apart``'s instance (in a session as a handler process makes it),
+    ``session.get``'s, and whether the read connection was left in a transaction."""
+    with Session(engine) as expected_session:
+        expected = expected_session.get(Order, key)
+        with (
+            Session(handler_engine, expire_on_commit=False) as session,
+            handler_engine.connect().execution_options(**{READ_ONLY_OPTION: True}) as read,
+        ):
+            loaded = loader_for(Order).load_apart(session, key, read)
+            driver = read.connection.dbapi_connection
+            left_open = read.in_transaction() or bool(getattr(driver, "in_transaction", True))
+            picture = None if loaded is None else _picture(loaded)
+            assert loaded is None or session.get(Order, key) is loaded  # in the identity map
+        return picture, None if expected is None else _picture(expected), left_open
+
+
+def test_a_row_read_apart_is_the_one_the_orm_loads_and_leaves_no_transaction(
+    engine: Engine, handler_engine: Engine
+) -> None:
+    loaded, expected, left_open = _read_apart(engine, handler_engine, 7)
+    assert loaded == expected and loaded is not None
+    assert not left_open, "the read apart left a transaction open on its connection"
+    assert _read_apart(engine, handler_engine, 404)[::2] == (None, False)
+
+
+def test_a_watched_read_apart_goes_through_the_orm_and_ends_its_transaction(
+    engine: Engine, handler_engine: Engine
+) -> None:
+    statements: list[str] = []
+
+    def spy(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    event.listen(handler_engine, "before_cursor_execute", spy)
+    try:
+        loaded, expected, left_open = _read_apart(engine, handler_engine, 7)
+    finally:
+        event.remove(handler_engine, "before_cursor_execute", spy)
+    assert loaded == expected and loaded is not None
+    assert not left_open
+    assert sum("load_orders" in s for s in statements) == 1, statements
+
+
+def test_the_handlers_writes_after_a_read_apart_commit(handler_engine: Engine) -> None:
+    with (
+        Session(handler_engine, expire_on_commit=False) as session,
+        handler_engine.connect().execution_options(**{READ_ONLY_OPTION: True}) as read,
+    ):
+        order = loader_for(Order).load_apart(session, 7, read)
+        order.label = "written after the read apart"
+        session.commit()
+    with Session(handler_engine) as session:
+        again = session.get(Order, 7)
+        assert again is not None and again.label == "written after the read apart"

@@ -138,13 +138,19 @@ def rowcount(conn: Connection, statement: DriverStatement, params: Mapping[str, 
 
 
 def first_row(
-    conn: Connection, statement: DriverStatement, params: Mapping[str, Any]
+    conn: Connection, statement: DriverStatement, params: Mapping[str, Any], alone: bool = False
 ) -> tuple[Any, ...] | None:
     """Run the SELECT ``statement`` on ``conn``'s driver connection; its first row, as
-    SQLAlchemy would give it (each value through its column type's result processor)."""
-    cursor = _execute(conn, statement, params)
+    SQLAlchemy would give it (each value through its column type's result processor).
+
+    ``alone``: outside any transaction (a driver connection in autocommit, as dbworker's
+    SQLite connections are, reads one statement consistently by itself): no BEGIN and
+    no COMMIT around it, and ``conn`` is left with no transaction."""
+    cursor = _execute(conn, statement, params, begin=not alone)
     if cursor is None:
         row = conn.execute(statement.statement, params).first()
+        if alone:
+            conn.rollback()
         return None if row is None else tuple(row)
     # All of them: an unfinished statement would keep its cursor (and, on SQLite, its
     # read) open until the next one.
@@ -158,10 +164,12 @@ def first_row(
     )
 
 
-def _execute(conn: Connection, statement: DriverStatement, params: Mapping[str, Any]) -> Any:
+def _execute(
+    conn: Connection, statement: DriverStatement, params: Mapping[str, Any], begin: bool = True
+) -> Any:
     """``statement`` executed on the cursor kept with ``conn``'s driver connection, or
     None when that connection was invalidated."""
-    if not conn.in_transaction():
+    if begin and not conn.in_transaction():
         conn.begin()  # as SQLAlchemy's autobegin: the caller's commit covers the statement
     dialect = conn.dialect
     pooled = conn.connection

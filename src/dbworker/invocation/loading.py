@@ -60,15 +60,35 @@ class SourceLoader:
         """The row as ``session`` holds it, or None when the row is gone."""
         params = {_KEY: source_id}
         arguments = None if bind is None else {"bind": bind}
-        if (
+        if not self._direct_for(session):
+            return session.execute(self._orm, params, bind_arguments=arguments).scalar()
+        assert self._direct is not None
+        row = self._read(session.connection(bind_arguments=arguments), self._direct, params)
+        return None if row is None else self._instance(session, row)
+
+    def load_apart(self, session: Session, source_id: Any, read: Connection) -> Any:
+        """``load``, reading on ``read`` (a connection of the database's own, where one
+        statement reads consistently without a transaction) rather than in the session's
+        transaction, which then begins with the handler's first statement."""
+        driver = None
+        if self._direct_for(session):
+            driver = self._driver.get(read, "load", self._direct)
+        if driver is None:
+            instance = self.load(session, source_id, read)
+            session.commit()  # ends the read transaction; the instance stays loaded
+            return instance
+        row = first_row(read, driver, {_KEY: source_id}, alone=True)
+        return None if row is None else self._instance(session, row)
+
+    def _direct_for(self, session: Session) -> bool:
+        return not (
             self._direct is None
             or len(session.identity_map)  # it may hold the row already: the ORM finds it
             or _hooked(session, self._manager.dispatch)
-        ):
-            return session.execute(self._orm, params, bind_arguments=arguments).scalar()
-        row = self._read(session.connection(bind_arguments=arguments), self._direct, params)
-        if row is None:
-            return None
+        )
+
+    def _instance(self, session: Session, row: Any) -> Any:
+        """The instance of ``row`` (in column order), persistent in ``session``."""
         instance = self._manager.new_instance()
         values = inspect(instance).dict
         for key, value in zip(self._keys, row, strict=True):

@@ -166,10 +166,25 @@ class Runtime:
     ) -> Any:
         """The source row as the handler receives it (as ``session.get`` gives it, from
         statements built once per process: a forked handler process then builds no SQL)."""
+        return self._loader(source, worker).load(session, source_id, bind)
+
+    def load_apart(
+        self,
+        session: Session,
+        worker: WorkerTable,
+        source: type[Any],
+        source_id: Any,
+        read: Connection,
+    ) -> Any:
+        """``load``, read on ``read`` apart from the session's transaction
+        (``Dialect.source_read_apart``), which begins with the handler's first statement."""
+        return self._loader(source, worker).load_apart(session, source_id, read)
+
+    def _loader(self, source: type[Any], worker: WorkerTable) -> SourceLoader:
         loader = self._loaders.get(source)
         if loader is None:
             loader = self._loaders[source] = SourceLoader(source, worker.source_pk)
-        return loader.load(session, source_id, bind)
+        return loader
 
     def dispose(self) -> None:
         self.release()
@@ -205,12 +220,10 @@ class Runtime:
         with HandlerSession(bind=bind, expire_on_commit=False) as session:
             try:
                 if read is not None:
-                    # Read the row in a read transaction of its own (on a connection
-                    # kept for reading), so that the handler's transaction (and the
-                    # write lock it takes) starts with the handler's first statement;
-                    # the instance stays loaded.
-                    source = self.load(session, worker, task.source, task.source_id, read)
-                    session.commit()
+                    # Read the row apart (on a connection kept for reading), so that
+                    # the handler's transaction (and the write lock it takes) starts
+                    # with the handler's first statement; the instance stays loaded.
+                    source = self.load_apart(session, worker, task.source, task.source_id, read)
                 else:
                     source = self.load(session, worker, task.source, task.source_id)
                 session._dbworker_guarded = True
