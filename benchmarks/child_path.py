@@ -3,8 +3,8 @@
 One process, no coordinator: ``--items`` no-op rows are created, discovered and
 claimed up front, then the benchmark runs each claimed item through the steps of
 ``Runtime._run`` as a handler process does (a new session on the connection the
-process keeps, its transaction, the ORM load of the source row (on SQLite in a read
-transaction of its own), the handler, the flush, the fenced finish, the commit, the
+process keeps, its transaction, the load of the source row (on SQLite in one statement
+outside any transaction), the handler, the flush, the fenced finish, the commit, the
 close) and times each step with this thread's CPU clock (``time.thread_time``), so
 waiting for the database is not counted.
 

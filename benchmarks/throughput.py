@@ -395,6 +395,7 @@ def compare(
     ratios: dict[str, Any] = {}
     for backend in dialects:
         ours = results[f"dbworker/{backend}"]
+        our_floor = (floor or {}).get(f"dbworker/{backend}")
         entry: dict[str, Any] = {}
         for size in sizes:
             key = str(size)
@@ -411,14 +412,14 @@ def compare(
                 )
                 figures["rss_vs_celery"] = ratio(ours[key]["peak_rss_kib"], theirs["peak_rss_kib"])
                 figures["pss_vs_celery"] = ratio(ours[key]["peak_pss_kib"], theirs["peak_pss_kib"])
-                if floor is not None and f"dbworker/{backend}" in floor:
+                if our_floor is not None:
                     # What no design could go below, against the same Celery tree.
                     figures["floor_rss_vs_celery"] = ratio(
-                        floor[f"dbworker/{backend}"]["tree_rss_kib"], theirs["peak_rss_kib"]
+                        our_floor["tree_rss_kib"], theirs["peak_rss_kib"]
                     )
-            if floor is not None and f"dbworker/{backend}" in floor:
+            if our_floor is not None:
                 figures["rss_vs_floor"] = ratio(
-                    ours[key]["peak_rss_kib"], floor[f"dbworker/{backend}"]["tree_rss_kib"]
+                    ours[key]["peak_rss_kib"], our_floor["tree_rss_kib"]
                 )
             limit = results.get(f"limit/{backend}")
             if limit is not None:

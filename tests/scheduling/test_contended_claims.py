@@ -12,8 +12,8 @@ import pytest
 from dbworker.core.timing import PollBackoff, Timings
 from dbworker.dialects import Claim, Claims
 from dbworker.scheduling.discovery import DiscoverySchedule
-from dbworker.scheduling.loop import CONTENDED_RETRY_SECONDS, Scheduler
-from dbworker.scheduling.state import WorkerState
+from dbworker.scheduling.loop import Scheduler
+from dbworker.scheduling.state import CONTENDED_RETRY_SECONDS, WorkerState
 
 #: Polling so rare that a poll due within a second can only be a contention retry.
 TIMINGS = Timings(poll_seconds=60, max_poll_seconds=600)

@@ -205,8 +205,9 @@ class Dialect:
     sessions_outlive_processes: ClassVar[bool] = False
     #: The server's port where a URL leaves it out (None: no server).
     default_port: ClassVar[int | None] = None
-    #: Whether a handler process reads the source row in a read transaction of its own
-    #: (begun on a connection with ``READ_ONLY_OPTION``) before the handler's transaction.
+    #: Whether a handler process reads the source row apart, before the handler's
+    #: transaction: in one statement outside any transaction, on a connection with
+    #: ``READ_ONLY_OPTION`` (the dialect's driver connections must be in autocommit).
     source_read_apart: ClassVar[bool] = False
     #: Whether the database delivers transactional notifications (NOTIFY/LISTEN), with
     #: which writers wake coordinators on other hosts (dbworker.wakeups).

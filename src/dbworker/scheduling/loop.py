@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from ..core.timing import PollBackoff, Timings
+from ..core.timing import Timings
 from ..dialects import Claims, Dialect, Owner
 from ..events import Events
 from ..wakeups import Wakeups
@@ -34,9 +34,6 @@ log = logging.getLogger("dbworker")
 #: often: a dependent elsewhere waits up to this long more, and a busy coordinator
 #: sends a few announcements a second rather than one per pass of its loop.
 ANNOUNCE_EVERY_SECONDS = 0.005
-#: After a claim that took nothing because another transaction held claimable records,
-#: the next look comes this soon, doubling up to ``max_poll_seconds`` while it recurs.
-CONTENDED_RETRY_SECONDS = 0.01
 
 
 class Scheduler:
@@ -307,11 +304,10 @@ class Scheduler:
             state.discovery.claims_full(now, self.timings.poll_seconds)
         state.discovery.idle = not claims and not skipped
         if not skipped:
-            state.contention = None
+            state.contention.reset()
         if not claims:
-            state.next_poll = now + (
-                self._contended(state) if skipped else state.backoff.next_wait()
-            )
+            waits = state.contention if skipped else state.backoff
+            state.next_poll = now + waits.next_wait()
             return
         state.backoff.reset()
         state.next_poll = now
@@ -319,12 +315,6 @@ class Scheduler:
         state.executor.submit_all(
             [worker.task(claim) for claim in claims if self.outcomes.claimed(state, claim)]
         )
-
-    def _contended(self, state: WorkerState) -> float:
-        """The wait before looking again for records another transaction held."""
-        if state.contention is None:
-            state.contention = PollBackoff(CONTENDED_RETRY_SECONDS, self.timings.max_poll_seconds)
-        return state.contention.next_wait()
 
 
 def _fileno(handle: Any) -> int:

@@ -10,6 +10,10 @@ from ..executors import Executor
 from ..worker import Registration
 from .discovery import DiscoverySchedule
 
+#: After a claim that took nothing because another transaction held claimable records,
+#: the next look comes this soon, doubling while it recurs.
+CONTENDED_RETRY_SECONDS = 0.01
+
 
 @dataclass(slots=True)
 class Held:
@@ -38,8 +42,12 @@ class WorkerState:
     discovery: DiscoverySchedule = field(default_factory=DiscoverySchedule)
     #: The wait after a claim that found claimable records locked by another
     #: transaction (``Claims.skipped``) and took nothing: that lock is usually one
-    #: short transaction, so look again soon, backing off while it lasts.
-    contention: PollBackoff | None = None
+    #: short transaction, so look again soon, backing off (up to the poll backoff's
+    #: longest wait) while it lasts.
+    contention: PollBackoff = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.contention = PollBackoff(CONTENDED_RETRY_SECONDS, self.backoff.maximum)
 
     def item(self, source_id: Any, attempt: int | str) -> tuple[str, dict[str, Any]]:
         """How log records name an item: as attributes (``extra``), which formats and
