@@ -19,7 +19,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Dialect as SADialect
 
 from dbworker.core.status import Phase
-from dbworker.core.transitions import TRANSITIONS, Event, Rule, sources
+from dbworker.core.transitions import TRANSITIONS, Rule, Transition, sources
 from dbworker.dialects import Dialect, ErrorInfo, WorkerTable, dialect_class
 from dbworker.schema import execution_table
 
@@ -50,17 +50,17 @@ def worker_table() -> WorkerTable:
     return WorkerTable("guarded", table, source.c.id, monotonic_keys=True)
 
 
-EVENT_CALLS: dict[Event, Callable[[Dialect, Any, WorkerTable], object]] = {
-    Event.RENEW: lambda d, c, w: d.renew(c, w, [(1, 5)], 30.0),
-    Event.FINISH: lambda d, c, w: d.finish(c, w, 1, 5),
-    Event.UNFINISH: lambda d, c, w: d.unfinish(c, w, 1, 5, 2.0),
-    Event.FAIL: lambda d, c, w: d.fail(c, w, 1, 5, ErrorInfo("boom")),
-    Event.RELEASE: lambda d, c, w: d.release(c, w, 1, 5, ErrorInfo("killed"), gives_up=False),
-    Event.RESET: lambda d, c, w: d.reset_failed(c, w, 1),
+EVENT_CALLS: dict[Transition, Callable[[Dialect, Any, WorkerTable], object]] = {
+    Transition.RENEW: lambda d, c, w: d.renew(c, w, [(1, 5)], 30.0),
+    Transition.FINISH: lambda d, c, w: d.finish(c, w, 1, 5),
+    Transition.UNFINISH: lambda d, c, w: d.unfinish(c, w, 1, 5, 2.0),
+    Transition.FAIL: lambda d, c, w: d.fail(c, w, 1, 5, ErrorInfo("boom")),
+    Transition.RELEASE: lambda d, c, w: d.release(c, w, 1, 5, ErrorInfo("killed"), gives_up=False),
+    Transition.RESET: lambda d, c, w: d.reset_failed(c, w, 1),
 }
 
 
-def guard_phases(backend: str, event: Event) -> set[Phase]:
+def guard_phases(backend: str, event: Transition) -> set[Phase]:
     dialect = dialect_class(backend)(clock=lambda: 1000.0)
     conn = Recorder()
     EVENT_CALLS[event](dialect, conn, worker_table())
@@ -77,21 +77,21 @@ def guard_phases(backend: str, event: Event) -> set[Phase]:
 
 @pytest.mark.parametrize("backend", list(SQL_DIALECTS))
 @pytest.mark.parametrize("event", list(EVENT_CALLS), ids=str)
-def test_fenced_guards_match_the_table(backend: str, event: Event) -> None:
+def test_fenced_guards_match_the_table(backend: str, event: Transition) -> None:
     assert guard_phases(backend, event) == sources(event)
 
 
 @pytest.mark.parametrize("backend", list(SQL_DIALECTS))
 def test_guards_follow_a_changed_table(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     changed = dict(TRANSITIONS)
-    changed[(Phase.UNFINISHED, Event.RENEW)] = Rule(
+    changed[(Phase.UNFINISHED, Transition.RENEW)] = Rule(
         frozenset({Phase.UNFINISHED}), fenced=True, guard="-"
     )
-    del changed[(Phase.FAILED, Event.RESET)]
-    changed[(Phase.FINISHED, Event.RESET)] = Rule(frozenset({Phase.UNFINISHED}), False, "-")
+    del changed[(Phase.FAILED, Transition.RESET)]
+    changed[(Phase.FINISHED, Transition.RESET)] = Rule(frozenset({Phase.UNFINISHED}), False, "-")
     monkeypatch.setattr("dbworker.core.transitions.TRANSITIONS", changed)
-    assert guard_phases(backend, Event.RENEW) == {Phase.WORKING, Phase.UNFINISHED}
-    assert guard_phases(backend, Event.RESET) == {Phase.FINISHED}
+    assert guard_phases(backend, Transition.RENEW) == {Phase.WORKING, Phase.UNFINISHED}
+    assert guard_phases(backend, Transition.RESET) == {Phase.FINISHED}
 
 
 @pytest.mark.parametrize("backend", list(SQL_DIALECTS))
@@ -104,4 +104,4 @@ def test_claimable_phases_are_the_claiming_events_sources(backend: str) -> None:
         )
     )
     mentioned = {phase for phase in Phase if f"'{phase.value}'" in sql}
-    assert mentioned == sources(Event.CLAIM) | sources(Event.TAKEOVER)
+    assert mentioned == sources(Transition.CLAIM) | sources(Transition.TAKEOVER)

@@ -10,25 +10,29 @@ import pytest
 from dbworker.core import RetryPolicy
 from dbworker.core.policy import DATABASE_RETRY, Decision, Ending, apply, decide, failure
 from dbworker.core.status import Phase
-from dbworker.core.transitions import Event, Record, claim
+from dbworker.core.transitions import Record, Transition, claim
 
 RETRY = RetryPolicy(max_retries=2, base_delay=4.0, jitter=0.0)
 ONLY_VALUE_ERRORS = RetryPolicy(max_retries=2, base_delay=4.0, jitter=0.0, retry_on=(ValueError,))
 BOOM = RuntimeError("boom")
-FAILED = Decision(Event.FAIL, Phase.FAILED)
+FAILED = Decision(Transition.FAIL, Phase.FAILED)
 
 # (ending, keyword arguments, expected decision)
 TABLE: list[tuple[Ending, dict[str, object], Decision]] = [
-    (Ending.FINISHED, {}, Decision(Event.FINISH, Phase.FINISHED)),
-    (Ending.UNFINISHED, {"delay": 0.0}, Decision(Event.UNFINISH, Phase.UNFINISHED, 0.0)),
-    (Ending.UNFINISHED, {"delay": 7.5}, Decision(Event.UNFINISH, Phase.UNFINISHED, 7.5)),
+    (Ending.FINISHED, {}, Decision(Transition.FINISH, Phase.FINISHED)),
+    (Ending.UNFINISHED, {"delay": 0.0}, Decision(Transition.UNFINISH, Phase.UNFINISHED, 0.0)),
+    (Ending.UNFINISHED, {"delay": 7.5}, Decision(Transition.UNFINISH, Phase.UNFINISHED, 7.5)),
     # A handler's exception: FAILED unless a retry policy allows another attempt.
     (Ending.RAISED, {"error": BOOM}, FAILED),
-    (Ending.RAISED, {"error": BOOM, "retry": RETRY}, Decision(Event.FAIL, Phase.UNFINISHED, 4.0)),
+    (
+        Ending.RAISED,
+        {"error": BOOM, "retry": RETRY},
+        Decision(Transition.FAIL, Phase.UNFINISHED, 4.0),
+    ),
     (
         Ending.RAISED,
         {"error": BOOM, "retry": RETRY, "failures": 1},
-        Decision(Event.FAIL, Phase.UNFINISHED, 8.0),
+        Decision(Transition.FAIL, Phase.UNFINISHED, 8.0),
     ),
     (Ending.RAISED, {"error": BOOM, "retry": RETRY, "failures": 2}, FAILED),
     (Ending.RAISED, {"error": BOOM, "retry": ONLY_VALUE_ERRORS}, FAILED),
@@ -37,12 +41,12 @@ TABLE: list[tuple[Ending, dict[str, object], Decision]] = [
     (
         Ending.RAISED,
         {"error": BOOM, "transient": True, "rng": random.Random(1)},
-        Decision(Event.FAIL, Phase.UNFINISHED, DATABASE_RETRY.delay(0, random.Random(1))),
+        Decision(Transition.FAIL, Phase.UNFINISHED, DATABASE_RETRY.delay(0, random.Random(1))),
     ),
     (
         Ending.RAISED,
         {"error": BOOM, "transient": True, "retry": ONLY_VALUE_ERRORS, "rng": random.Random(2)},
-        Decision(Event.FAIL, Phase.UNFINISHED, DATABASE_RETRY.delay(0, random.Random(2))),
+        Decision(Transition.FAIL, Phase.UNFINISHED, DATABASE_RETRY.delay(0, random.Random(2))),
     ),
     (
         Ending.RAISED,
@@ -55,31 +59,35 @@ TABLE: list[tuple[Ending, dict[str, object], Decision]] = [
     (
         Ending.TIMED_OUT,
         {"error": BOOM, "retry": RETRY},
-        Decision(Event.FAIL, Phase.UNFINISHED, 4.0),
+        Decision(Transition.FAIL, Phase.UNFINISHED, 4.0),
     ),
     # A crash counts towards the limit and gives up on reaching it.
     (
         Ending.CRASHED,
         {"crashes": 0, "max_crashes": 3},
-        Decision(Event.RELEASE, Phase.UNFINISHED, counts_crash=True),
+        Decision(Transition.RELEASE, Phase.UNFINISHED, counts_crash=True),
     ),
     (
         Ending.CRASHED,
         {"crashes": 1, "max_crashes": 3},
-        Decision(Event.RELEASE, Phase.UNFINISHED, counts_crash=True),
+        Decision(Transition.RELEASE, Phase.UNFINISHED, counts_crash=True),
     ),
     (
         Ending.CRASHED,
         {"crashes": 2, "max_crashes": 3},
-        Decision(Event.RELEASE, Phase.FAILED, counts_crash=True),
+        Decision(Transition.RELEASE, Phase.FAILED, counts_crash=True),
     ),
     (
         Ending.CRASHED,
         {"crashes": 0, "max_crashes": 1},
-        Decision(Event.RELEASE, Phase.FAILED, counts_crash=True),
+        Decision(Transition.RELEASE, Phase.FAILED, counts_crash=True),
     ),
     # A stop's deadline is not the item's fault.
-    (Ending.STOPPED, {"crashes": 2, "max_crashes": 3}, Decision(Event.RELEASE, Phase.UNFINISHED)),
+    (
+        Ending.STOPPED,
+        {"crashes": 2, "max_crashes": 3},
+        Decision(Transition.RELEASE, Phase.UNFINISHED),
+    ),
     # A takeover has counted its crash already: run it, or give up at the limit.
     (Ending.VANISHED, {"crashes": 2, "max_crashes": 3}, Decision(None)),
     (Ending.VANISHED, {"crashes": 3, "max_crashes": 3}, FAILED),
@@ -111,7 +119,7 @@ def test_retry_jitter_comes_from_the_given_generator() -> None:
 
 def test_a_failure_decided_elsewhere() -> None:
     assert failure(None) == FAILED
-    assert failure(3.0) == Decision(Event.FAIL, Phase.UNFINISHED, 3.0)
+    assert failure(3.0) == Decision(Transition.FAIL, Phase.UNFINISHED, 3.0)
 
 
 @pytest.mark.parametrize(("ending", "arguments", "expected"), TABLE)
@@ -127,5 +135,5 @@ def test_applying_a_decision_reaches_its_target(
     if expected.target is Phase.UNFINISHED and expected.delay is not None:
         assert after.not_before == 110.0 + expected.delay
     assert after.crashes == held.crashes + (1 if expected.counts_crash else 0)
-    retried = expected.event is Event.FAIL and not expected.gives_up
+    retried = expected.event is Transition.FAIL and not expected.gives_up
     assert after.failures == held.failures + retried

@@ -17,8 +17,8 @@ from dbworker.core.policy import Ending, decide
 from dbworker.core.status import OPEN, TERMINAL
 from dbworker.core.transitions import (
     TRANSITIONS,
-    Event,
     Record,
+    Transition,
     check,
     claim,
     fail,
@@ -57,26 +57,26 @@ def record_in(phase: Phase) -> Record:
     return base
 
 
-def apply(record: Record, event: Event, target: Phase) -> Record:
+def apply(record: Record, event: Transition, target: Phase) -> Record:
     """Cause ``event`` on ``record``, choosing arguments that should lead to ``target``."""
-    if event is Event.CLAIM:
+    if event is Transition.CLAIM:
         return claim(record, NOW, LEASE)
-    if event is Event.TAKEOVER:
+    if event is Transition.TAKEOVER:
         expired = replace(record, lease_expires_at=NOW - 1)
         return claim(expired, NOW, LEASE)
-    if event is Event.RENEW:
+    if event is Transition.RENEW:
         return renew(record, record.token, NOW, LEASE)
-    if event is Event.FINISH:
+    if event is Transition.FINISH:
         return finish(record, record.token)
-    if event is Event.UNFINISH:
+    if event is Transition.UNFINISH:
         return unfinish(record, record.token, NOW, delay=5.0)
-    if event is Event.FAIL:
+    if event is Transition.FAIL:
         retry_at = NOW + 5.0 if target is U else None
         return fail(record, record.token, "ValueError: boom", retry_at=retry_at)
-    if event is Event.RELEASE:
+    if event is Transition.RELEASE:
         crashed = replace(record, crashes=MAX_CRASHES - 1 if target is X else 0)
         return crash_release(crashed, record.token, "killed")
-    if event is Event.RESET:
+    if event is Transition.RESET:
         return reset_failed(record)
     raise AssertionError(f"no way to cause {event}")
 
@@ -88,7 +88,7 @@ LEGAL = sorted(
 )
 ILLEGAL = sorted(
     (phase, event)
-    for phase, event in itertools.product(Phase, Event)
+    for phase, event in itertools.product(Phase, Transition)
     if (phase, event) not in TRANSITIONS
 )
 
@@ -104,18 +104,24 @@ def test_the_table_is_the_designed_state_machine() -> None:
     # Written out by hand from the state machine's table in docs/internals.md: a change
     # to TRANSITIONS must be a deliberate change to this test (and that table) too.
     assert {key: rule.targets for key, rule in TRANSITIONS.items()} == {
-        (P, Event.CLAIM): {W},
-        (U, Event.CLAIM): {W},
-        (W, Event.TAKEOVER): {W},
-        (W, Event.RENEW): {W},
-        (W, Event.FINISH): {F},
-        (W, Event.UNFINISH): {U},
-        (W, Event.FAIL): {X, U},
-        (W, Event.RELEASE): {U, X},
-        (X, Event.RESET): {U},
+        (P, Transition.CLAIM): {W},
+        (U, Transition.CLAIM): {W},
+        (W, Transition.TAKEOVER): {W},
+        (W, Transition.RENEW): {W},
+        (W, Transition.FINISH): {F},
+        (W, Transition.UNFINISH): {U},
+        (W, Transition.FAIL): {X, U},
+        (W, Transition.RELEASE): {U, X},
+        (X, Transition.RESET): {U},
     }
-    fenced = {ev for ev in Event if is_fenced(ev)}
-    assert fenced == {Event.RENEW, Event.FINISH, Event.UNFINISH, Event.FAIL, Event.RELEASE}
+    fenced = {ev for ev in Transition if is_fenced(ev)}
+    assert fenced == {
+        Transition.RENEW,
+        Transition.FINISH,
+        Transition.UNFINISH,
+        Transition.FAIL,
+        Transition.RELEASE,
+    }
 
 
 def test_finished_is_terminal() -> None:
@@ -124,8 +130,8 @@ def test_finished_is_terminal() -> None:
     assert {P, U, W} == OPEN
 
 
-@pytest.mark.parametrize("event", list(Event), ids=_id)
-def test_sources_are_derived_from_the_table(event: Event) -> None:
+@pytest.mark.parametrize("event", list(Transition), ids=_id)
+def test_sources_are_derived_from_the_table(event: Transition) -> None:
     assert sources(event) == {phase for (phase, ev) in TRANSITIONS if ev is event}
     assert sources(event), f"{event} is legal from no phase"
 
@@ -144,7 +150,7 @@ def test_public_status_of_each_phase() -> None:
 
 
 @pytest.mark.parametrize(("phase", "event", "target"), LEGAL, ids=_id)
-def test_every_rule_target_is_reachable(phase: Phase, event: Event, target: Phase) -> None:
+def test_every_rule_target_is_reachable(phase: Phase, event: Transition, target: Phase) -> None:
     before = record_in(phase)
     after = apply(before, event, target)
     assert after.phase is target
@@ -152,10 +158,10 @@ def test_every_rule_target_is_reachable(phase: Phase, event: Event, target: Phas
 
 
 @pytest.mark.parametrize(("phase", "event", "target"), LEGAL, ids=_id)
-def test_legal_transition_effects(phase: Phase, event: Event, target: Phase) -> None:
+def test_legal_transition_effects(phase: Phase, event: Transition, target: Phase) -> None:
     before = record_in(phase)
     after = apply(before, event, target)
-    claiming = event in (Event.CLAIM, Event.TAKEOVER)
+    claiming = event in (Transition.CLAIM, Transition.TAKEOVER)
     # Only a claim hands out a new token; nothing else may change who holds the record.
     assert after.token == (before.token + 1 if claiming else before.token)
     assert after.attempts == (before.attempts + 1 if claiming else before.attempts)
@@ -163,45 +169,45 @@ def test_legal_transition_effects(phase: Phase, event: Event, target: Phase) -> 
         assert after.lease_expires_at == NOW + LEASE
     else:
         assert after.lease_expires_at is None
-    if event is Event.FINISH:
+    if event is Transition.FINISH:
         assert after.error is None
-    if event is Event.FAIL:
+    if event is Transition.FAIL:
         assert after.error == "ValueError: boom"
         assert after.failures == before.failures + (1 if target is U else 0)
         assert after.not_before == (NOW + 5.0 if target is U else before.not_before)
-    if event is Event.UNFINISH:
+    if event is Transition.UNFINISH:
         assert after.not_before == NOW + 5.0
-    if event is Event.RESET:
+    if event is Transition.RESET:
         assert (after.error, after.failures, after.crashes) == (None, 0, 0)
 
 
 def test_claim_from_nothing_treats_no_record_as_pending() -> None:
-    check(None, Event.CLAIM, W)
+    check(None, Transition.CLAIM, W)
     with pytest.raises(InvalidTransition, match="no record"):
-        check(None, Event.FINISH, F)
+        check(None, Transition.FINISH, F)
 
 
 # -- illegal transitions ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("phase", "event"), ILLEGAL, ids=_id)
-def test_illegal_pairs_are_rejected_by_the_table(phase: Phase, event: Event) -> None:
+def test_illegal_pairs_are_rejected_by_the_table(phase: Phase, event: Transition) -> None:
     for target in Phase:
         with pytest.raises(InvalidTransition, match=event.value):
             check(phase, event, target)
 
 
 @pytest.mark.parametrize(("phase", "event"), ILLEGAL, ids=_id)
-def test_illegal_events_raise_and_produce_no_record(phase: Phase, event: Event) -> None:
+def test_illegal_events_raise_and_produce_no_record(phase: Phase, event: Transition) -> None:
     record = record_in(phase)
     snapshot = replace(record)
-    if event is Event.TAKEOVER and phase in (P, U):
+    if event is Transition.TAKEOVER and phase in (P, U):
         # claim() picks CLAIM for these phases; a takeover is never what happens, so
         # no crash is counted however late it is.
         after = claim(replace(record, not_before=None), NOW + 10 * LEASE, LEASE)
         assert after.crashes == record.crashes
         return
-    if event is Event.TAKEOVER:
+    if event is Transition.TAKEOVER:
         # However long after the lease would have run out, nothing is claimable.
         record = replace(record, lease_expires_at=NOW - 1)
         snapshot = replace(record)
@@ -230,24 +236,30 @@ def test_unfinished_is_not_claimable_before_not_before() -> None:
 # -- tokens and fencing ----------------------------------------------------------------------
 
 
-FENCED_EVENTS = [Event.RENEW, Event.FINISH, Event.UNFINISH, Event.FAIL, Event.RELEASE]
+FENCED_EVENTS = [
+    Transition.RENEW,
+    Transition.FINISH,
+    Transition.UNFINISH,
+    Transition.FAIL,
+    Transition.RELEASE,
+]
 
 
-def fenced_call(record: Record, event: Event, token: int) -> Record:
-    if event is Event.RENEW:
+def fenced_call(record: Record, event: Transition, token: int) -> Record:
+    if event is Transition.RENEW:
         return renew(record, token, NOW, LEASE)
-    if event is Event.FINISH:
+    if event is Transition.FINISH:
         return finish(record, token)
-    if event is Event.UNFINISH:
+    if event is Transition.UNFINISH:
         return unfinish(record, token, NOW)
-    if event is Event.FAIL:
+    if event is Transition.FAIL:
         return fail(record, token, "boom")
     return crash_release(record, token, "killed")
 
 
 @pytest.mark.parametrize("event", FENCED_EVENTS, ids=_id)
 @pytest.mark.parametrize("stale", [TOKEN - 1, TOKEN + 1, 0], ids=["older", "newer", "zero"])
-def test_stale_tokens_raise_and_change_nothing(event: Event, stale: int) -> None:
+def test_stale_tokens_raise_and_change_nothing(event: Transition, stale: int) -> None:
     record = record_in(W)
     with pytest.raises(StaleToken, match=f"current is {TOKEN}"):
         fenced_call(record, event, stale)
@@ -255,7 +267,7 @@ def test_stale_tokens_raise_and_change_nothing(event: Event, stale: int) -> None
 
 
 @pytest.mark.parametrize("event", FENCED_EVENTS, ids=_id)
-def test_a_taken_over_holder_is_stale(event: Event) -> None:
+def test_a_taken_over_holder_is_stale(event: Transition) -> None:
     first = claim(Record(), NOW, LEASE)
     second = claim(first, NOW + LEASE + 1, LEASE)  # the first holder's lease ran out
     assert second.token == first.token + 1
@@ -324,7 +336,7 @@ def test_takeovers_and_releases_share_the_crash_budget() -> None:
 def test_released_item_is_claimable_at_once() -> None:
     record = claim(Record(), NOW, LEASE)
     record = crash_release(record, record.token, "killed")
-    assert record.claimable(NOW) is Event.CLAIM
+    assert record.claimable(NOW) is Transition.CLAIM
 
 
 # -- reset_failed ----------------------------------------------------------------------------
@@ -352,4 +364,4 @@ def test_fail_with_retry_is_unfinished_until_retry_at() -> None:
     record = claim(Record(), NOW, LEASE)
     retrying = fail(record, record.token, "boom", retry_at=NOW + 10)
     assert retrying.claimable(NOW + 9.999) is None
-    assert retrying.claimable(NOW + 10) is Event.CLAIM
+    assert retrying.claimable(NOW + 10) is Transition.CLAIM

@@ -19,7 +19,7 @@ from .policy import DATABASE_RETRY, Decision, Ending, decide
 from .status import OPEN, TERMINAL, ExecutionStatus, Phase
 from .tasks import ErrorInfo, Result, ResultKind, Task, TaskKey, describe
 from .timing import PollBackoff, RetryPolicy, Timings
-from .transitions import TRANSITIONS, Event, Record
+from .transitions import TRANSITIONS, Record, Transition
 
 __all__ = [
     "DATABASE_RETRY",
@@ -31,7 +31,6 @@ __all__ = [
     "Decision",
     "Ending",
     "ErrorInfo",
-    "Event",
     "ExecutionStatus",
     "Finished",
     "HandlerContractError",
@@ -48,6 +47,7 @@ __all__ = [
     "Task",
     "TaskKey",
     "Timings",
+    "Transition",
     "Unfinished",
     "UnknownWorkerError",
     "WorkerCrashed",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from . import transitions
 from .status import Phase
 from .timing import RetryPolicy
-from .transitions import Event, Record
+from .transitions import Record, Transition
 
 #: Retries of a handler whose transaction failed on a transient database error
 #: (connection lost, deadlock, serialization failure), with or without a retry policy:
@@ -44,7 +44,7 @@ class Ending(enum.StrEnum):
 class Decision:
     """What to record. ``event`` None: nothing (run the item, or it is not ours)."""
 
-    event: Event | None
+    event: Transition | None
     target: Phase | None = None
     #: Seconds until an UNFINISHED target may be claimed again (None: at once).
     delay: float | None = None
@@ -78,44 +78,44 @@ def decide(
     worth retrying, ``delay`` the handler's Unfinished(delay).
     """
     if ending is Ending.FINISHED:
-        return Decision(Event.FINISH, Phase.FINISHED)
+        return Decision(Transition.FINISH, Phase.FINISHED)
     if ending is Ending.UNFINISHED:
-        return Decision(Event.UNFINISH, Phase.UNFINISHED, delay)
+        return Decision(Transition.UNFINISH, Phase.UNFINISHED, delay)
     if ending is Ending.RAISED or ending is Ending.TIMED_OUT:
         if retry is not None and error is not None and retry.applies(error, failures):
-            return Decision(Event.FAIL, Phase.UNFINISHED, retry.delay(failures, rng))
+            return Decision(Transition.FAIL, Phase.UNFINISHED, retry.delay(failures, rng))
         if (
             ending is Ending.RAISED
             and transient
             and error is not None
             and DATABASE_RETRY.applies(error, failures)
         ):
-            return Decision(Event.FAIL, Phase.UNFINISHED, DATABASE_RETRY.delay(failures, rng))
-        return Decision(Event.FAIL, Phase.FAILED)
+            return Decision(Transition.FAIL, Phase.UNFINISHED, DATABASE_RETRY.delay(failures, rng))
+        return Decision(Transition.FAIL, Phase.FAILED)
     if ending is Ending.CRASHED:
         # A handler that keeps killing its process must not be retried for ever.
         target = Phase.FAILED if crashes + 1 >= max_crashes else Phase.UNFINISHED
-        return Decision(Event.RELEASE, target, counts_crash=True)
+        return Decision(Transition.RELEASE, target, counts_crash=True)
     if ending is Ending.STOPPED:
         # Deliberate: claimable again at once, and not the item's fault.
-        return Decision(Event.RELEASE, Phase.UNFINISHED)
+        return Decision(Transition.RELEASE, Phase.UNFINISHED)
     if ending is Ending.VANISHED:
         if crashes >= max_crashes:
-            return Decision(Event.FAIL, Phase.FAILED)
+            return Decision(Transition.FAIL, Phase.FAILED)
         return NOTHING
     return NOTHING  # LOST
 
 
 def apply(record: Record, token: int, decision: Decision, now: float, error: str) -> Record:
     """The model of recording ``decision`` under ``token`` (what the dialect's SQL does)."""
-    if decision.event is Event.FINISH:
+    if decision.event is Transition.FINISH:
         return transitions.finish(record, token)
-    if decision.event is Event.UNFINISH:
+    if decision.event is Transition.UNFINISH:
         return transitions.unfinish(record, token, now, decision.delay or 0.0)
-    if decision.event is Event.FAIL:
+    if decision.event is Transition.FAIL:
         retry_at = None if decision.gives_up else now + (decision.delay or 0.0)
         return transitions.fail(record, token, error, retry_at)
-    if decision.event is Event.RELEASE:
+    if decision.event is Transition.RELEASE:
         return transitions.release(
             record, token, error, gives_up=decision.gives_up, counts_crash=decision.counts_crash
         )
@@ -126,5 +126,5 @@ def failure(retry_delay: float | None) -> Decision:
     """A failure decided already (by the handler process, which could not record it):
     FAILED, or UNFINISHED for ``retry_delay`` seconds."""
     if retry_delay is None:
-        return Decision(Event.FAIL, Phase.FAILED)
-    return Decision(Event.FAIL, Phase.UNFINISHED, retry_delay)
+        return Decision(Transition.FAIL, Phase.FAILED)
+    return Decision(Transition.FAIL, Phase.UNFINISHED, retry_delay)

@@ -20,7 +20,7 @@ from .errors import InvalidTransition, StaleToken
 from .status import Phase
 
 
-class Event(enum.StrEnum):
+class Transition(enum.StrEnum):
     CLAIM = "claim"  # a pending or due unfinished record is claimed
     TAKEOVER = "takeover"  # a working record whose lease expired is claimed
     RENEW = "renew"
@@ -44,29 +44,29 @@ def _rule(*targets: Phase, fenced: bool, guard: str = "-") -> Rule:
 
 W, U, F, X, P = Phase.WORKING, Phase.UNFINISHED, Phase.FINISHED, Phase.FAILED, Phase.PENDING
 
-TRANSITIONS: Mapping[tuple[Phase, Event], Rule] = {
-    (P, Event.CLAIM): _rule(W, fenced=False, guard="row is eligible"),
-    (U, Event.CLAIM): _rule(W, fenced=False, guard="eligible and not_before <= now"),
-    (W, Event.TAKEOVER): _rule(W, fenced=False, guard="eligible and lease expired"),
-    (W, Event.RENEW): _rule(W, fenced=True),
-    (W, Event.FINISH): _rule(F, fenced=True),
-    (W, Event.UNFINISH): _rule(U, fenced=True),
-    (W, Event.FAIL): _rule(X, U, fenced=True, guard="UNFINISHED only if a retry is left"),
-    (W, Event.RELEASE): _rule(U, X, fenced=True, guard="FAILED past the crash limit"),
-    (X, Event.RESET): _rule(U, fenced=False),
+TRANSITIONS: Mapping[tuple[Phase, Transition], Rule] = {
+    (P, Transition.CLAIM): _rule(W, fenced=False, guard="row is eligible"),
+    (U, Transition.CLAIM): _rule(W, fenced=False, guard="eligible and not_before <= now"),
+    (W, Transition.TAKEOVER): _rule(W, fenced=False, guard="eligible and lease expired"),
+    (W, Transition.RENEW): _rule(W, fenced=True),
+    (W, Transition.FINISH): _rule(F, fenced=True),
+    (W, Transition.UNFINISH): _rule(U, fenced=True),
+    (W, Transition.FAIL): _rule(X, U, fenced=True, guard="UNFINISHED only if a retry is left"),
+    (W, Transition.RELEASE): _rule(U, X, fenced=True, guard="FAILED past the crash limit"),
+    (X, Transition.RESET): _rule(U, fenced=False),
 }
 
 
-def sources(event: Event) -> frozenset[Phase]:
+def sources(event: Transition) -> frozenset[Phase]:
     """The phases from which ``event`` is legal: the SQL ``status IN (...)`` guard."""
     return frozenset(phase for (phase, ev) in TRANSITIONS if ev is event)
 
 
-def is_fenced(event: Event) -> bool:
+def is_fenced(event: Transition) -> bool:
     return any(rule.fenced for (_, ev), rule in TRANSITIONS.items() if ev is event)
 
 
-def check(phase: Phase | None, event: Event, target: Phase) -> None:
+def check(phase: Phase | None, event: Transition, target: Phase) -> None:
     """Raise InvalidTransition unless ``phase --event--> target`` is in the table.
 
     ``None`` (no record yet) behaves as PENDING: discovery is not an event.
@@ -93,22 +93,22 @@ class Record:
     crashes: int = 0
     error: str | None = None
 
-    def claimable(self, now: float) -> Event | None:
+    def claimable(self, now: float) -> Transition | None:
         """The claiming event this record admits at ``now`` (eligibility aside)."""
         if self.phase is Phase.PENDING:
-            return Event.CLAIM
+            return Transition.CLAIM
         if self.phase is Phase.UNFINISHED and (self.not_before is None or self.not_before <= now):
-            return Event.CLAIM
+            return Transition.CLAIM
         if (
             self.phase is Phase.WORKING
             and self.lease_expires_at is not None
             and self.lease_expires_at < now
         ):
-            return Event.TAKEOVER
+            return Transition.TAKEOVER
         return None
 
 
-def _fence(record: Record, event: Event, token: int) -> None:
+def _fence(record: Record, event: Transition, token: int) -> None:
     if (record.phase, event) not in TRANSITIONS:
         raise InvalidTransition(f"{event.value} is not allowed from {record.phase.value}")
     if token != record.token:
@@ -128,22 +128,22 @@ def claim(record: Record, now: float, lease_seconds: float) -> Record:
         lease_expires_at=now + lease_seconds,
         not_before=None,
         attempts=record.attempts + 1,
-        crashes=record.crashes + (1 if event is Event.TAKEOVER else 0),
+        crashes=record.crashes + (1 if event is Transition.TAKEOVER else 0),
     )
 
 
 def renew(record: Record, token: int, now: float, lease_seconds: float) -> Record:
-    _fence(record, Event.RENEW, token)
+    _fence(record, Transition.RENEW, token)
     return replace(record, lease_expires_at=now + lease_seconds)
 
 
 def finish(record: Record, token: int) -> Record:
-    _fence(record, Event.FINISH, token)
+    _fence(record, Transition.FINISH, token)
     return replace(record, phase=Phase.FINISHED, lease_expires_at=None, error=None)
 
 
 def unfinish(record: Record, token: int, now: float, delay: float = 0.0) -> Record:
-    _fence(record, Event.UNFINISH, token)
+    _fence(record, Transition.UNFINISH, token)
     return replace(
         record,
         phase=Phase.UNFINISHED,
@@ -155,7 +155,7 @@ def unfinish(record: Record, token: int, now: float, delay: float = 0.0) -> Reco
 
 def fail(record: Record, token: int, error: str, retry_at: float | None = None) -> Record:
     """Record a handler error: FAILED, or UNFINISHED until ``retry_at`` when a retry is left."""
-    _fence(record, Event.FAIL, token)
+    _fence(record, Transition.FAIL, token)
     if retry_at is None:
         return replace(record, phase=Phase.FAILED, lease_expires_at=None, error=error)
     return replace(
@@ -173,7 +173,7 @@ def release(
 ) -> Record:
     """The holder gave the item up (its process died, or was stopped): claimable again
     at once, or FAILED when the failure policy gives up (``policy.decide``)."""
-    _fence(record, Event.RELEASE, token)
+    _fence(record, Transition.RELEASE, token)
     return replace(
         record,
         phase=Phase.FAILED if gives_up else Phase.UNFINISHED,

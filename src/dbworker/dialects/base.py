@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -31,7 +31,6 @@ from sqlalchemy import (
     func,
     literal,
     literal_column,
-    null,
     or_,
     select,
     update,
@@ -39,23 +38,13 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import Insert
-from sqlalchemy.sql.expression import ClauseElement
 
-from ..core.policy import Decision
 from ..core.status import OPEN, ExecutionStatus, Phase
-from ..core.tasks import (
-    MAX_ERROR_CHARS,
-    MAX_ERROR_TYPE_CHARS,
-    MAX_TRACEBACK_CHARS,
-    ErrorInfo,
-    bounded,
-)
-from ..core.transitions import Event, is_fenced, sources
-from .driver_cursor import DriverForms, rowcount
+from .driver_cursor import DriverForms
+from .fenced import FencedTransitions
 from .liveness import ping_when_idle
+from .terms import Clock, WorkerTable, status_in, status_literal
 
-#: Claims are numbered from 1, so no fenced statement under this token matches a row.
-NEVER_ISSUED_TOKEN = -1
 #: What discovery sets in a new pending record (the other columns take their defaults).
 PENDING_COLUMNS = (
     "source_id",
@@ -69,19 +58,6 @@ PENDING_COLUMNS = (
 )
 #: An execution option marking a connection whose transaction only reads.
 READ_ONLY_OPTION = "dbworker_read_only"
-#: A clock for tests: seconds since the epoch. Production reads the database's clock.
-Clock = Callable[[], float]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerTable:
-    """What a dialect needs to know about one worker: its table and its source's key."""
-
-    name: str
-    table: Table
-    source_pk: ColumnElement[Any]
-    #: Integer keys grow with inserts, so new rows can be found above a watermark.
-    monotonic_keys: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -129,59 +105,10 @@ class Owner:
 _LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1"})
 
 
-class _Marker:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-#: A fenced transition's value: the database's clock when the statement runs.
-NOW = _Marker("NOW")
-#: A fenced transition's value: the column's current value plus one.
-INCREMENT = _Marker("INCREMENT")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Later:
-    """A fenced transition's value: ``seconds`` after the database's clock."""
-
-    seconds: float
-
-
-def _value_kind(value: Any) -> str:
-    if value is NOW:
-        return "now"
-    if value is INCREMENT:
-        return "increment"
-    if isinstance(value, Later):
-        return "later"
-    if isinstance(value, ClauseElement):
-        return "sql"
-    # Constants are written into the statement, not bound: fewer parameters for the
-    # driver to escape or send on every execution (the finish of every item).
-    if value is None:
-        return "null"
-    if isinstance(value, Phase):
-        return "phase"
-    return "value"
-
-
 def claim_columns(table: Table) -> tuple[ColumnElement[Any], ...]:
     """What a claim reads of each record: the fields of ``Claim``, in order."""
     c = table.c
     return (c.source_id, c.token, c.attempts, c.failures, c.crashes, c.status)
-
-
-def _lit(phase: Phase) -> ColumnElement[str]:
-    # Literal (not bound) status values let planners match the partial index's
-    # predicate even in prepared, generic plans.
-    return literal_column(f"'{phase.value}'")
-
-
-def _in(column: ColumnElement[str], phases: Iterable[Phase]) -> ColumnElement[bool]:
-    return column.in_([_lit(p) for p in sorted(phases)])
 
 
 def epoch_to_datetime(value: float | None) -> dt.datetime | None:
@@ -190,7 +117,7 @@ def epoch_to_datetime(value: float | None) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
 
 
-class Dialect:
+class Dialect(FencedTransitions):
     """Shared SQL for every database; subclasses override the divergent parts."""
 
     #: The SQLAlchemy backend names (``URL.get_backend_name()``) this dialect serves.
@@ -352,7 +279,7 @@ class Dialect:
         """A new pending record for ``source_id`` as SQL, column by column
         (``PENDING_COLUMNS``): for discovery in one statement."""
         now = self.now()
-        return [source_id, _lit(Phase.PENDING), *[literal_column("0")] * 4, now, now]
+        return [source_id, status_literal(Phase.PENDING), *[literal_column("0")] * 4, now, now]
 
     def _discovery_round(
         self, conn: Connection, worker: WorkerTable, build: Callable[[bool], Any]
@@ -402,7 +329,7 @@ class Dialect:
         statement = select(
             or_(
                 newest > bindparam("above", type_=pk.type),
-                exists().where(_in(table.c.status, OPEN)),
+                exists().where(status_in(table.c.status, OPEN)),
             )
         )
         return bool(conn.execute(statement, {"above": above}).scalar())
@@ -444,14 +371,14 @@ class Dialect:
     def _claimable_at(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         status = table.c.status
         return and_(
-            _in(status, OPEN),
+            status_in(status, OPEN),
             or_(
-                status == _lit(Phase.PENDING),
+                status == status_literal(Phase.PENDING),
                 and_(
-                    status == _lit(Phase.UNFINISHED),
+                    status == status_literal(Phase.UNFINISHED),
                     or_(table.c.not_before.is_(None), table.c.not_before <= now),
                 ),
-                and_(status == _lit(Phase.WORKING), table.c.lease_expires_at < now),
+                and_(status == status_literal(Phase.WORKING), table.c.lease_expires_at < now),
             ),
         )
 
@@ -531,7 +458,8 @@ class Dialect:
                 table.c.crashes,
                 # A takeover means the previous holder vanished: count it as
                 # a crash, so a handler that kills its coordinator is bounded.
-                table.c.crashes + case((table.c.status == _lit(Phase.WORKING), 1), else_=0),
+                table.c.crashes
+                + case((table.c.status == status_literal(Phase.WORKING), 1), else_=0),
             ),
             (table.c.status, Phase.WORKING.value),
             (table.c.token, table.c.token + 1),
@@ -543,249 +471,6 @@ class Dialect:
             (table.c.owner_host, owner.host),
             (table.c.owner_pid, owner.pid),
         ]
-
-    # -- fenced transitions ----------------------------------------------------------
-
-    def _fenced(
-        self,
-        conn: Connection,
-        worker: WorkerTable,
-        event: Event,
-        source_id: Any,
-        token: int,
-        values: Mapping[str, Any],
-    ) -> bool:
-        """Apply ``event`` if ``token`` is still current; False means the claim was lost.
-
-        ``values`` maps columns to Python values (bound at execution), ``NOW``,
-        ``Later(seconds)``, ``INCREMENT`` or an SQL expression. Without expressions the
-        statement is built once per table and shape and only its parameters change:
-        a handler process completes its one item without building SQL.
-        """
-        table = worker.table
-        kinds = [(name, _value_kind(value)) for name, value in values.items()]
-        # A constant written into the statement is part of its shape.
-        shape = tuple(
-            (name, kind, values[name] if kind == "phase" else None) for name, kind in kinds
-        )
-        params = {"fence_source_id": source_id}
-        if is_fenced(event):
-            params["fence_token"] = token
-        for (name, kind), value in zip(kinds, values.values(), strict=True):
-            if kind == "later":
-                params[f"set_{name}"] = float(value.seconds)
-            elif kind == "value":
-                params[f"set_{name}"] = value
-        if any(kind == "sql" for _, kind in kinds):
-            statement = self._fenced_update(table, event, values)
-            return conn.execute(statement, params).rowcount == 1
-        key = ("fenced", table, event, shape)
-        statement = self._built_once(key, lambda: self._fenced_update(table, event, values))
-        return self._matched(conn, key, statement, params) == 1
-
-    def _matched(
-        self, conn: Connection, key: tuple[Any, ...], statement: Any, params: dict[str, Any]
-    ) -> int:
-        """The rows a built-once statement matched, run on the driver's cursor unless
-        someone watches statements (``driver_cursor``: a handler's finish is one)."""
-        driver = None if self.clock is not None else self._driver_forms.get(conn, key, statement)
-        if driver is not None:
-            return rowcount(conn, driver, params)
-        return int(conn.execute(statement, params).rowcount)
-
-    def _fenced_update(self, table: Table, event: Event, values: Mapping[str, Any]) -> Any:
-        now = self.now()
-
-        def column_value(name: str, value: Any) -> Any:
-            column = table.c[name]
-            kind = _value_kind(value)
-            if kind == "now":
-                return now
-            if kind == "later":
-                return now + bindparam(f"set_{name}", type_=Float())
-            if kind == "increment":
-                return column + 1
-            if kind == "sql":
-                return value
-            if kind == "null":
-                return null()
-            if kind == "phase":
-                return _lit(value)
-            return bindparam(f"set_{name}", type_=column.type)
-
-        guard = [
-            table.c.source_id == bindparam("fence_source_id"),
-            _in(table.c.status, sources(event)),
-        ]
-        if is_fenced(event):
-            # Only the holder of the current token may cause a fenced event.
-            guard.append(table.c.token == bindparam("fence_token"))
-        return (
-            update(table)
-            .where(*guard)
-            .values(
-                {name: column_value(name, value) for name, value in values.items()}
-                | {"updated_at": now}
-            )
-        )
-
-    def renew(
-        self,
-        conn: Connection,
-        worker: WorkerTable,
-        held: Sequence[tuple[Any, int]],
-        lease_seconds: float,
-    ) -> list[Any]:
-        """Extend the leases of ``held`` (source id, token) pairs; return the ids whose
-        token is no longer current, or that are no longer WORKING under it."""
-        lease = {"lease_expires_at": Later(lease_seconds)}
-        return [
-            source_id
-            for source_id, token in held
-            if not self._fenced(conn, worker, Event.RENEW, source_id, token, lease)
-        ]
-
-    def current_token(self, conn: Connection, worker: WorkerTable, source_id: Any) -> int | None:
-        table = worker.table
-        return conn.execute(select(table.c.token).where(table.c.source_id == source_id)).scalar()
-
-    def finish(self, conn: Connection, worker: WorkerTable, source_id: Any, token: int) -> bool:
-        return self._fenced(
-            conn,
-            worker,
-            Event.FINISH,
-            source_id,
-            token,
-            {
-                "status": Phase.FINISHED,
-                "lease_expires_at": None,
-                "not_before": None,
-                "finished_at": NOW,
-                "error": None,
-                "error_type": None,
-                "traceback": None,
-            },
-        )
-
-    def unfinish(
-        self, conn: Connection, worker: WorkerTable, source_id: Any, token: int, delay: float
-    ) -> bool:
-        return self._fenced(
-            conn,
-            worker,
-            Event.UNFINISH,
-            source_id,
-            token,
-            {
-                "status": Phase.UNFINISHED,
-                "lease_expires_at": None,
-                "not_before": Later(delay),
-                "error": None,
-                "error_type": None,
-                "traceback": None,
-            },
-        )
-
-    def _error_values(self, error: ErrorInfo) -> dict[str, Any]:
-        return {
-            "error": bounded(error.message, MAX_ERROR_CHARS),
-            "error_type": bounded(error.type, MAX_ERROR_TYPE_CHARS),
-            "traceback": bounded(error.traceback, MAX_TRACEBACK_CHARS),
-        }
-
-    def fail(
-        self,
-        conn: Connection,
-        worker: WorkerTable,
-        source_id: Any,
-        token: int,
-        error: ErrorInfo,
-        retry_delay: float | None = None,
-    ) -> bool:
-        """FAILED, or UNFINISHED for ``retry_delay`` seconds when a retry policy allows."""
-        values: dict[str, Any] = {"lease_expires_at": None, **self._error_values(error)}
-        if retry_delay is None:
-            values |= {"status": Phase.FAILED, "finished_at": NOW}
-        else:
-            values |= {
-                "status": Phase.UNFINISHED,
-                "not_before": Later(retry_delay),
-                "failures": INCREMENT,
-            }
-        return self._fenced(conn, worker, Event.FAIL, source_id, token, values)
-
-    def release(
-        self,
-        conn: Connection,
-        worker: WorkerTable,
-        source_id: Any,
-        token: int,
-        error: ErrorInfo,
-        *,
-        gives_up: bool,
-        counts_crash: bool = True,
-    ) -> bool:
-        """Give the item up: claimable again at once, or FAILED when the failure policy
-        ``gives_up``; ``counts_crash`` counts it towards the worker's crash limit."""
-        values: dict[str, Any] = {
-            "lease_expires_at": None,
-            "not_before": None,
-            "status": Phase.FAILED if gives_up else Phase.UNFINISHED,
-            **self._error_values(error),
-        }
-        if counts_crash:
-            values["crashes"] = INCREMENT
-        return self._fenced(conn, worker, Event.RELEASE, source_id, token, values)
-
-    def record(
-        self,
-        conn: Connection,
-        worker: WorkerTable,
-        source_id: Any,
-        token: int,
-        decision: Decision,
-        error: ErrorInfo | None = None,
-    ) -> bool:
-        """Record what the failure policy decided (``core.policy.decide``), fenced by
-        ``token``; False means the claim was lost. A decision to record nothing is True."""
-        event = decision.event
-        if event is Event.FINISH:
-            return self.finish(conn, worker, source_id, token)
-        if event is Event.UNFINISH:
-            return self.unfinish(conn, worker, source_id, token, decision.delay or 0.0)
-        if event is None:
-            return True
-        error = error or ErrorInfo("unknown error")
-        if event is Event.FAIL:
-            delay = None if decision.gives_up else (decision.delay or 0.0)
-            return self.fail(conn, worker, source_id, token, error, delay)
-        if event is Event.RELEASE:
-            return self.release(
-                conn,
-                worker,
-                source_id,
-                token,
-                error,
-                gives_up=decision.gives_up,
-                counts_crash=decision.counts_crash,
-            )
-        raise ValueError(f"{event.value} is not an invocation's ending")
-
-    def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
-        # RESET is not fenced (any caller may reset a FAILED record): no token to check.
-        values = {
-            "status": Phase.UNFINISHED,
-            "lease_expires_at": None,
-            "not_before": None,
-            "failures": 0,
-            "crashes": 0,
-            "error": None,
-            "error_type": None,
-            "traceback": None,
-            "owner_host": None,
-            "owner_pid": None,
-        }
-        return self._fenced(conn, worker, Event.RESET, source_id, NEVER_ISSUED_TOKEN, values)
 
     # -- reading -------------------------------------------------------------------
 
@@ -847,7 +532,7 @@ class Dialect:
                 table.c.crashes,
                 table.c.updated_at,
             )
-            .where(table.c.status == _lit(Phase.FAILED))
+            .where(table.c.status == status_literal(Phase.FAILED))
             .order_by(table.c.source_id)
             .limit(limit)
         )

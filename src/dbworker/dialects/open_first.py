@@ -31,7 +31,8 @@ from sqlalchemy.sql.selectable import Alias, FromClause, Join
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..core.status import OPEN, Phase
-from .base import Claim, Dialect, WorkerTable, _in
+from .base import Claim, Dialect
+from .terms import WorkerTable, status_in
 
 _MODIFIERS: dict[Any, Callable[[ColumnElement[Any]], ColumnElement[Any]]] = {
     operators.asc_op: asc,
@@ -293,5 +294,5 @@ def implies_open(condition: ColumnElement[bool], table: FromClause) -> bool:
     if isinstance(condition, BooleanClauseList) and condition.operator is operators.and_:
         terms = condition.clauses
     # As Dialect.claimable spells it, and the schema's partial indexes too.
-    predicate = _in(table.c.status, OPEN)
+    predicate = status_in(table.c.status, OPEN)
     return any(term.compare(predicate) for term in terms)

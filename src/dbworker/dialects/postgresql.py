@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
-from .base import PENDING_COLUMNS, Claim, Dialect, Owner, WorkerTable, claim_columns
+from .base import PENDING_COLUMNS, Claim, Dialect, Owner, claim_columns
 from .open_first import (
     apply_modifiers,
     claimed,
@@ -36,6 +36,7 @@ from .open_first import (
     reuse,
     split_order,
 )
+from .terms import WorkerTable
 
 # SQLSTATEs worth retrying: serialization failure, deadlock, lock not available,
 # admin shutdown / crash shutdown / cannot connect now (a restarting server).

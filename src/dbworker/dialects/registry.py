@@ -15,7 +15,8 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
 
 from ..core.errors import ConfigurationError
-from .base import Clock, Dialect
+from .base import Dialect
+from .terms import Clock
 
 ENTRY_POINT_GROUP = "dbworker.dialects"
 

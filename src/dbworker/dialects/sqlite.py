@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from ..core.errors import ConfigurationError
-from .base import READ_ONLY_OPTION, Claim, Dialect, Owner, WorkerTable, claim_columns
+from .base import READ_ONLY_OPTION, Claim, Dialect, Owner, claim_columns
 from .open_first import (
     CrossJoin,
     claimed,
@@ -40,6 +40,7 @@ from .open_first import (
     reuse,
 )
 from .sqlite_turns import take_turns
+from .terms import WorkerTable
 
 #: How long a connection waits for the write lock before SQLITE_BUSY, unless the
 #: engine's options say otherwise (``connect_args={"timeout": seconds}`` or

@@ -20,7 +20,7 @@ from ..core.outcomes import Finished, Unfinished
 from ..core.policy import Ending, decide
 from ..core.tasks import Result, ResultKind, Task, describe
 from ..dialects import Dialect, WorkerTable, for_engine
-from ..dialects.base import NEVER_ISSUED_TOKEN
+from ..dialects.terms import NEVER_ISSUED_TOKEN
 from ..schema import detached_table
 from .connections import HeldConnections
 from .loading import SourceLoader
