@@ -8,18 +8,18 @@ worker finishes becomes eligible for a dependent worker in the same drain.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from .core.errors import DBWorkerError
-from .core.policy import failure
-from .core.tasks import ErrorInfo, ResultKind
 from .dialects import Dialect, Owner
+from .events import Events
 from .executors import Runner
 from .scheduling.discovery import repeat_while_adding
+from .scheduling.endings import CLAIMED, Endings, Item
 from .worker import Registration
 
 #: A handler that always returns Unfinished() would otherwise drain forever.
@@ -30,7 +30,7 @@ DEFAULT_MAX_INVOCATIONS = 10_000
 class DrainedItem:
     worker: str
     source_id: Any
-    #: "finished", "unfinished", "failed", "retrying" or "lost".
+    #: "finished", "unfinished", "failed", "retrying", "lost" or "crashed".
     outcome: str
     error: str | None = None
 
@@ -59,9 +59,17 @@ def drain(
     workers: Sequence[Registration],
     lease_seconds: float,
     max_invocations: int = DEFAULT_MAX_INVOCATIONS,
+    events: Events | None = None,
 ) -> DrainReport:
     owner = Owner.current()
     items: list[DrainedItem] = []
+
+    def write(_: str, apply: Callable[[Connection], object], __: dict[str, Any] | None) -> None:
+        # No outbox: a database error ends the drain, as any error of a test would.
+        with engine.begin() as conn:
+            apply(conn)
+
+    endings = Endings(dialect, write, events)
     for worker in workers:
         with engine.begin() as conn:
             repeat_while_adding(lambda: dialect.sweep(conn, worker.table))  # noqa: B023
@@ -85,18 +93,19 @@ def drain(
                         f"drain() stopped after {max_invocations} invocations; does a handler "
                         "keep returning Unfinished() without a delay?"
                     )
-                result = runner.run(worker.task(claim))
-                outcome = result.kind
-                if outcome is ResultKind.UNRECORDED:
-                    error = ErrorInfo(result.error or "", result.error_type, result.traceback)
-                    decision = failure(result.retry_delay)
-                    with engine.begin() as conn:
-                        dialect.record(
-                            conn, worker.table, claim.source_id, claim.token, decision, error
-                        )
-                    outcome = (
-                        ResultKind.FAILED if result.retry_delay is None else ResultKind.RETRYING
-                    )
-                items.append(DrainedItem(worker.name, claim.source_id, outcome.value, result.error))
                 progressed = True
+                item = Item(worker.name, worker.table, claim.source_id, claim.token, claim.attempts)
+                if not endings.vanished(item, claim, worker.max_crashes):
+                    items.append(DrainedItem(worker.name, claim.source_id, "failed", VANISHED))
+                    continue
+                endings.conclude(item, CLAIMED, recorded=True)
+                result = runner.run(worker.task(claim))
+                outcome = endings.result(
+                    item, result, crashes=claim.crashes, max_crashes=worker.max_crashes
+                )
+                items.append(DrainedItem(worker.name, claim.source_id, outcome.value, result.error))
     return DrainReport(tuple(items))
+
+
+#: What a drained item whose holders vanished too often reports (``Ending.VANISHED``).
+VANISHED = "its holder vanished too often (lease expired without renewal); gave up"

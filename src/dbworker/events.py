@@ -13,33 +13,13 @@ With no listener, reporting an event costs one attribute check.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 from collections.abc import Callable
 from typing import Any
 
+from .core.event_kinds import EventKind
+
 log = logging.getLogger("dbworker")
-
-
-class EventKind(enum.StrEnum):
-    #: The scheduler claimed the item (a new attempt).
-    CLAIMED = "claimed"
-    #: The handler returned Finished() and it was recorded.
-    FINISHED = "finished"
-    #: The handler returned Unfinished(): another invocation follows.
-    UNFINISHED = "unfinished"
-    #: The handler raised and no retry is left: the item is FAILED.
-    FAILED = "failed"
-    #: The handler raised and the retry policy runs it again later.
-    RETRIED = "retried"
-    #: The handler's process died (or its holder vanished too often).
-    CRASHED = "crashed"
-    #: The handler ran past its timeout and was killed.
-    TIMED_OUT = "timed_out"
-    #: The claim was taken over by another holder; the handler's writes rolled back.
-    LOST = "lost"
-    #: A coordination transaction failed (the database was unreachable, a deadlock).
-    DATABASE_ERROR = "database_error"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,3 +70,6 @@ class Events:
                 if id(listener) not in self._broken:
                     self._broken.add(id(listener))
                     log.exception("dbworker: event listener %r raised (ignored)", listener)
+
+
+__all__ = ["Event", "EventKind", "Events", "Listener"]

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
+
+from .events import Event, EventKind
 
 LOGGER_NAME = "dbworker"
 ITEM_ATTRIBUTES = ("worker", "source_id", "attempt")
@@ -36,6 +39,49 @@ def logger() -> logging.Logger:
     if not any(isinstance(f, ItemAttributes) for f in log.filters):
         log.addFilter(ItemAttributes())
     return log
+
+
+def log_event(event: Event) -> None:
+    """Log what the scheduler reports of an item: the listener of the events that
+    writes dbworker's log records about items' endings (``scheduling.endings``)."""
+    say = _SAYINGS.get(event.kind)
+    if say is None:
+        return
+    level, message = say(event)
+    log = logging.getLogger(LOGGER_NAME)
+    if log.isEnabledFor(level):
+        attempt = "?" if event.attempt is None else event.attempt
+        extra = {"worker": event.worker, "source_id": event.source_id, "attempt": attempt}
+        log.log(level, "item %s", message, extra=extra)
+
+
+def _ran(event: Event) -> tuple[int, str]:
+    return logging.INFO, f"{event.kind.value} in {event.duration or 0.0:.3f}s"
+
+
+def _lost(event: Event) -> tuple[int, str]:
+    # A result reports a run that went to its end; a renewal, one still running.
+    if event.duration is not None:
+        return logging.WARNING, "lost its claim; its writes were rolled back"
+    return logging.WARNING, "lost its claim; handler stopped"
+
+
+def _released(event: Event) -> tuple[int, str]:
+    if event.duration is not None:
+        return logging.WARNING, "stopped by coordinator shutdown; released"
+    return logging.DEBUG, "given back by coordinator shutdown before it started"
+
+
+_SAYINGS: dict[EventKind, Callable[[Event], tuple[int, str]]] = {
+    EventKind.FINISHED: _ran,
+    EventKind.UNFINISHED: _ran,
+    EventKind.FAILED: lambda e: (logging.WARNING, f"failed: {e.error}"),
+    EventKind.RETRIED: lambda e: (logging.WARNING, f"retrying: {e.error}"),
+    EventKind.CRASHED: lambda e: (logging.ERROR, f"crashed: {e.error}"),
+    EventKind.TIMED_OUT: lambda e: (logging.WARNING, f"timed out: {e.error}"),
+    EventKind.LOST: _lost,
+    EventKind.RELEASED: _released,
+}
 
 
 def timestamp(record: logging.LogRecord) -> str:

@@ -55,7 +55,12 @@ EVENT_CALLS: dict[Transition, Callable[[Dialect, Any, WorkerTable], object]] = {
     Transition.FINISH: lambda d, c, w: d.finish(c, w, 1, 5),
     Transition.UNFINISH: lambda d, c, w: d.unfinish(c, w, 1, 5, 2.0),
     Transition.FAIL: lambda d, c, w: d.fail(c, w, 1, 5, ErrorInfo("boom")),
-    Transition.RELEASE: lambda d, c, w: d.release(c, w, 1, 5, ErrorInfo("killed"), gives_up=False),
+    Transition.RETRY: lambda d, c, w: d.fail(c, w, 1, 5, ErrorInfo("boom"), 3.0),
+    Transition.RELEASE: lambda d, c, w: d.release(
+        c, w, 1, 5, ErrorInfo("stopped"), gives_up=False, counts_crash=False
+    ),
+    Transition.CRASH: lambda d, c, w: d.release(c, w, 1, 5, ErrorInfo("killed"), gives_up=False),
+    Transition.GIVE_UP: lambda d, c, w: d.release(c, w, 1, 5, ErrorInfo("killed"), gives_up=True),
     Transition.RESET: lambda d, c, w: d.reset_failed(c, w, 1),
 }
 

@@ -12,11 +12,18 @@ from dataclasses import replace
 
 import pytest
 
-from dbworker.core import ExecutionStatus, InvalidTransition, Phase, StaleToken
+from dbworker.core import EventKind, ExecutionStatus, InvalidTransition, Phase, StaleToken
 from dbworker.core.policy import Ending, decide
 from dbworker.core.status import OPEN, TERMINAL
 from dbworker.core.transitions import (
+    ERROR,
+    INCREMENT,
+    LATER,
+    NULL,
+    OWNER,
+    ROWS,
     TRANSITIONS,
+    ZERO,
     Record,
     Transition,
     check,
@@ -30,6 +37,7 @@ from dbworker.core.transitions import (
     sources,
     unfinish,
 )
+from dbworker.core.transitions import NOW as NOW_VALUE
 
 P, W, U, F, X = Phase.PENDING, Phase.WORKING, Phase.UNFINISHED, Phase.FINISHED, Phase.FAILED
 
@@ -71,10 +79,13 @@ def apply(record: Record, event: Transition, target: Phase) -> Record:
     if event is Transition.UNFINISH:
         return unfinish(record, record.token, NOW, delay=5.0)
     if event is Transition.FAIL:
-        retry_at = NOW + 5.0 if target is U else None
-        return fail(record, record.token, "ValueError: boom", retry_at=retry_at)
+        return fail(record, record.token, "ValueError: boom")
+    if event is Transition.RETRY:
+        return fail(record, record.token, "ValueError: boom", retry_at=NOW + 5.0)
     if event is Transition.RELEASE:
-        crashed = replace(record, crashes=MAX_CRASHES - 1 if target is X else 0)
+        return release(record, record.token, "stopped", gives_up=False, counts_crash=False)
+    if event in (Transition.CRASH, Transition.GIVE_UP):
+        crashed = replace(record, crashes=MAX_CRASHES - 1 if event is Transition.GIVE_UP else 0)
         return crash_release(crashed, record.token, "killed")
     if event is Transition.RESET:
         return reset_failed(record)
@@ -110,17 +121,66 @@ def test_the_table_is_the_designed_state_machine() -> None:
         (W, Transition.RENEW): {W},
         (W, Transition.FINISH): {F},
         (W, Transition.UNFINISH): {U},
-        (W, Transition.FAIL): {X, U},
-        (W, Transition.RELEASE): {U, X},
+        (W, Transition.FAIL): {X},
+        (W, Transition.RETRY): {U},
+        (W, Transition.RELEASE): {U},
+        (W, Transition.CRASH): {U},
+        (W, Transition.GIVE_UP): {X},
         (X, Transition.RESET): {U},
     }
     fenced = {ev for ev in Transition if is_fenced(ev)}
-    assert fenced == {
-        Transition.RENEW,
-        Transition.FINISH,
-        Transition.UNFINISH,
-        Transition.FAIL,
-        Transition.RELEASE,
+    assert fenced == set(FENCED_EVENTS)
+
+
+def test_each_row_sets_what_its_transition_means() -> None:
+    """The rows' fields, written out: what each UPDATE and the model write."""
+    written = {transition: dict(row.sets) for transition, row in ROWS.items()}
+    no_error = dict.fromkeys(("error", "error_type", "traceback"), NULL)
+    error = dict.fromkeys(("error", "error_type", "traceback"), ERROR)
+    claimed = {
+        "token": INCREMENT,
+        "lease_expires_at": LATER,
+        "not_before": NULL,
+        "attempts": INCREMENT,
+        "claimed_at": NOW_VALUE,
+        "owner_host": OWNER,
+        "owner_pid": OWNER,
+    }
+    ended = {"lease_expires_at": NULL}
+    assert written == {
+        Transition.CLAIM: claimed,
+        Transition.TAKEOVER: {"crashes": INCREMENT, **claimed},
+        Transition.RENEW: {"lease_expires_at": LATER},
+        Transition.FINISH: {**ended, "not_before": NULL, "finished_at": NOW_VALUE, **no_error},
+        Transition.UNFINISH: {**ended, "not_before": LATER, **no_error},
+        Transition.FAIL: {**ended, **error, "finished_at": NOW_VALUE},
+        Transition.RETRY: {**ended, **error, "not_before": LATER, "failures": INCREMENT},
+        Transition.RELEASE: {**ended, "not_before": NULL, **error},
+        Transition.CRASH: {**ended, "not_before": NULL, **error, "crashes": INCREMENT},
+        Transition.GIVE_UP: {**ended, "not_before": NULL, **error, "crashes": INCREMENT},
+        Transition.RESET: {
+            **ended,
+            "not_before": NULL,
+            "failures": ZERO,
+            "crashes": ZERO,
+            **no_error,
+            "owner_host": NULL,
+            "owner_pid": NULL,
+        },
+    }
+    reports = {transition: row.reports for transition, row in ROWS.items()}
+    assert reports == {
+        Transition.CLAIM: EventKind.CLAIMED,
+        Transition.TAKEOVER: EventKind.CLAIMED,
+        Transition.RENEW: None,
+        Transition.FINISH: EventKind.FINISHED,
+        Transition.UNFINISH: EventKind.UNFINISHED,
+        Transition.FAIL: EventKind.FAILED,
+        Transition.RETRY: EventKind.RETRIED,
+        Transition.RELEASE: EventKind.RELEASED,
+        Transition.CRASH: EventKind.CRASHED,
+        Transition.GIVE_UP: EventKind.CRASHED,
+        Transition.RESET: None,
     }
 
 
@@ -171,10 +231,13 @@ def test_legal_transition_effects(phase: Phase, event: Transition, target: Phase
         assert after.lease_expires_at is None
     if event is Transition.FINISH:
         assert after.error is None
-    if event is Transition.FAIL:
+    if event in (Transition.FAIL, Transition.RETRY):
         assert after.error == "ValueError: boom"
         assert after.failures == before.failures + (1 if target is U else 0)
         assert after.not_before == (NOW + 5.0 if target is U else before.not_before)
+    if event in (Transition.RELEASE, Transition.CRASH, Transition.GIVE_UP):
+        assert after.not_before is None
+        assert after.crashes == (before.crashes if event is Transition.RELEASE else after.crashes)
     if event is Transition.UNFINISH:
         assert after.not_before == NOW + 5.0
     if event is Transition.RESET:
@@ -241,7 +304,10 @@ FENCED_EVENTS = [
     Transition.FINISH,
     Transition.UNFINISH,
     Transition.FAIL,
+    Transition.RETRY,
     Transition.RELEASE,
+    Transition.CRASH,
+    Transition.GIVE_UP,
 ]
 
 
@@ -254,7 +320,13 @@ def fenced_call(record: Record, event: Transition, token: int) -> Record:
         return unfinish(record, token, NOW)
     if event is Transition.FAIL:
         return fail(record, token, "boom")
-    return crash_release(record, token, "killed")
+    if event is Transition.RETRY:
+        return fail(record, token, "boom", retry_at=NOW + 5)
+    if event is Transition.RELEASE:
+        return release(record, token, "stopped", gives_up=False, counts_crash=False)
+    if event is Transition.GIVE_UP:
+        return release(record, token, "killed", gives_up=True)
+    return release(record, token, "killed", gives_up=False)
 
 
 @pytest.mark.parametrize("event", FENCED_EVENTS, ids=_id)

@@ -100,7 +100,7 @@ def test_process_trouble_carries_item_context(ops: Site, caplog: pytest.LogCaptu
     def said(source_id: int, text: str) -> bool:
         return any(r.__dict__["source_id"] == source_id and text in r.getMessage() for r in items)
 
-    assert said(1, "timed out after 1.0s")
+    assert said(1, "timed out: handler of worker 'timed' ran longer than its timeout of 1.0s")
     assert said(2, "killed by SIGKILL")
     assert said(3, "lost its claim; handler stopped")
     assert said(3, "giving up")

@@ -14,16 +14,18 @@ from .errors import (
     UnknownWorkerError,
     WorkerCrashed,
 )
+from .event_kinds import EventKind
 from .outcomes import Finished, Outcome, Unfinished
 from .policy import DATABASE_RETRY, Decision, Ending, decide
 from .status import OPEN, TERMINAL, ExecutionStatus, Phase
 from .tasks import ErrorInfo, Result, ResultKind, Task, TaskKey, describe
 from .timing import PollBackoff, RetryPolicy, Timings
-from .transitions import TRANSITIONS, Record, Transition
+from .transitions import ROWS, TRANSITIONS, Record, Row, Transition
 
 __all__ = [
     "DATABASE_RETRY",
     "OPEN",
+    "ROWS",
     "TERMINAL",
     "TRANSITIONS",
     "ConfigurationError",
@@ -31,6 +33,7 @@ __all__ = [
     "Decision",
     "Ending",
     "ErrorInfo",
+    "EventKind",
     "ExecutionStatus",
     "Finished",
     "HandlerContractError",
@@ -43,6 +46,7 @@ __all__ = [
     "Result",
     "ResultKind",
     "RetryPolicy",
+    "Row",
     "StaleToken",
     "Task",
     "TaskKey",

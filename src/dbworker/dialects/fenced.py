@@ -23,7 +23,21 @@ from ..core.tasks import (
     ErrorInfo,
     bounded,
 )
-from ..core.transitions import Transition, is_fenced, sources
+from ..core.transitions import (
+    ERROR,
+    LATER,
+    NULL,
+    ROWS,
+    ZERO,
+    Transition,
+    Value,
+    is_fenced,
+    releasing,
+    sets_status,
+    sources,
+)
+from ..core.transitions import INCREMENT as INCREMENT_VALUE
+from ..core.transitions import NOW as NOW_VALUE
 from .driver_cursor import DriverForms, rowcount
 from .terms import NEVER_ISSUED_TOKEN, Clock, WorkerTable, status_in, status_literal
 
@@ -164,6 +178,49 @@ class FencedTransitions:
             )
         )
 
+    def transition(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        transition: Transition,
+        source_id: Any,
+        token: int,
+        *,
+        delay: float | None = None,
+        error: ErrorInfo | None = None,
+    ) -> bool:
+        """Write ``transition``'s row of the transition table (``core.transitions.ROWS``)
+        for ``source_id``, fenced by ``token`` when the row is; False means the claim was
+        lost. ``delay`` is what the row's ``LATER`` adds to now, ``error`` what its
+        ``ERROR`` fields hold."""
+        values = self._row_values(transition, delay, error)
+        return self._fenced(conn, worker, transition, source_id, token, values)
+
+    def _row_values(
+        self, transition: Transition, delay: float | None, error: ErrorInfo | None
+    ) -> dict[str, Any]:
+        """A row's fields as ``_fenced`` values, in the row's order."""
+        row = ROWS[transition]
+        static = _STATIC_VALUES.get(transition)
+        if static is not None:
+            return static
+        values: dict[str, Any] = {"status": row.target} if sets_status(row) else {}
+        for name, value in row.sets.items():
+            if value is LATER:
+                if delay is None:
+                    raise ValueError(f"{transition.value} needs a delay")
+                values[name] = Later(delay)
+            elif value is ERROR:
+                if error is None:
+                    raise ValueError(f"{transition.value} needs an error")
+                values[name] = _error_text(name, error)
+            else:
+                values[name] = _static_value(name, value)
+        if not any(v is LATER or v is ERROR for v in row.sets.values()):
+            # The same every time (a finish, a reset): built once, not per item.
+            _STATIC_VALUES[transition] = values
+        return values
+
     def renew(
         self,
         conn: Connection,
@@ -173,11 +230,12 @@ class FencedTransitions:
     ) -> list[Any]:
         """Extend the leases of ``held`` (source id, token) pairs; return the ids whose
         token is no longer current, or that are no longer WORKING under it."""
-        lease = {"lease_expires_at": Later(lease_seconds)}
         return [
             source_id
             for source_id, token in held
-            if not self._fenced(conn, worker, Transition.RENEW, source_id, token, lease)
+            if not self.transition(
+                conn, worker, Transition.RENEW, source_id, token, delay=lease_seconds
+            )
         ]
 
     def current_token(self, conn: Connection, worker: WorkerTable, source_id: Any) -> int | None:
@@ -185,48 +243,12 @@ class FencedTransitions:
         return conn.execute(select(table.c.token).where(table.c.source_id == source_id)).scalar()
 
     def finish(self, conn: Connection, worker: WorkerTable, source_id: Any, token: int) -> bool:
-        return self._fenced(
-            conn,
-            worker,
-            Transition.FINISH,
-            source_id,
-            token,
-            {
-                "status": Phase.FINISHED,
-                "lease_expires_at": None,
-                "not_before": None,
-                "finished_at": NOW,
-                "error": None,
-                "error_type": None,
-                "traceback": None,
-            },
-        )
+        return self.transition(conn, worker, Transition.FINISH, source_id, token)
 
     def unfinish(
         self, conn: Connection, worker: WorkerTable, source_id: Any, token: int, delay: float
     ) -> bool:
-        return self._fenced(
-            conn,
-            worker,
-            Transition.UNFINISH,
-            source_id,
-            token,
-            {
-                "status": Phase.UNFINISHED,
-                "lease_expires_at": None,
-                "not_before": Later(delay),
-                "error": None,
-                "error_type": None,
-                "traceback": None,
-            },
-        )
-
-    def _error_values(self, error: ErrorInfo) -> dict[str, Any]:
-        return {
-            "error": bounded(error.message, MAX_ERROR_CHARS),
-            "error_type": bounded(error.type, MAX_ERROR_TYPE_CHARS),
-            "traceback": bounded(error.traceback, MAX_TRACEBACK_CHARS),
-        }
+        return self.transition(conn, worker, Transition.UNFINISH, source_id, token, delay=delay)
 
     def fail(
         self,
@@ -238,16 +260,10 @@ class FencedTransitions:
         retry_delay: float | None = None,
     ) -> bool:
         """FAILED, or UNFINISHED for ``retry_delay`` seconds when a retry policy allows."""
-        values: dict[str, Any] = {"lease_expires_at": None, **self._error_values(error)}
-        if retry_delay is None:
-            values |= {"status": Phase.FAILED, "finished_at": NOW}
-        else:
-            values |= {
-                "status": Phase.UNFINISHED,
-                "not_before": Later(retry_delay),
-                "failures": INCREMENT,
-            }
-        return self._fenced(conn, worker, Transition.FAIL, source_id, token, values)
+        transition = Transition.FAIL if retry_delay is None else Transition.RETRY
+        return self.transition(
+            conn, worker, transition, source_id, token, delay=retry_delay, error=error
+        )
 
     def release(
         self,
@@ -262,15 +278,8 @@ class FencedTransitions:
     ) -> bool:
         """Give the item up: claimable again at once, or FAILED when the failure policy
         ``gives_up``; ``counts_crash`` counts it towards the worker's crash limit."""
-        values: dict[str, Any] = {
-            "lease_expires_at": None,
-            "not_before": None,
-            "status": Phase.FAILED if gives_up else Phase.UNFINISHED,
-            **self._error_values(error),
-        }
-        if counts_crash:
-            values["crashes"] = INCREMENT
-        return self._fenced(conn, worker, Transition.RELEASE, source_id, token, values)
+        transition = releasing(gives_up=gives_up, counts_crash=counts_crash)
+        return self.transition(conn, worker, transition, source_id, token, error=error)
 
     def record(
         self,
@@ -282,19 +291,23 @@ class FencedTransitions:
         error: ErrorInfo | None = None,
     ) -> bool:
         """Record what the failure policy decided (``core.policy.decide``), fenced by
-        ``token``; False means the claim was lost. A decision to record nothing is True."""
-        event = decision.event
-        if event is Transition.FINISH:
-            return self.finish(conn, worker, source_id, token)
-        if event is Transition.UNFINISH:
-            return self.unfinish(conn, worker, source_id, token, decision.delay or 0.0)
-        if event is None:
+        ``token``; False means the claim was lost. A decision to record nothing is True.
+
+        Each family of rows goes through its method (``finish``, ``unfinish``, ``fail``,
+        ``release``), so a dialect that overrides one of them is used for all of its rows.
+        """
+        transition = decision.transition
+        if transition is None:
             return True
+        if transition is Transition.FINISH:
+            return self.finish(conn, worker, source_id, token)
+        if transition is Transition.UNFINISH:
+            return self.unfinish(conn, worker, source_id, token, decision.delay or 0.0)
         error = error or ErrorInfo("unknown error")
-        if event is Transition.FAIL:
-            delay = None if decision.gives_up else (decision.delay or 0.0)
+        if transition is Transition.FAIL or transition is Transition.RETRY:
+            delay = decision.delay or 0.0 if transition is Transition.RETRY else None
             return self.fail(conn, worker, source_id, token, error, delay)
-        if event is Transition.RELEASE:
+        if transition in _RELEASES:
             return self.release(
                 conn,
                 worker,
@@ -304,20 +317,37 @@ class FencedTransitions:
                 gives_up=decision.gives_up,
                 counts_crash=decision.counts_crash,
             )
-        raise ValueError(f"{event.value} is not an invocation's ending")
+        raise ValueError(f"{transition.value} is not an invocation's ending")
 
     def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
         # RESET is not fenced (any caller may reset a FAILED record): no token to check.
-        values = {
-            "status": Phase.UNFINISHED,
-            "lease_expires_at": None,
-            "not_before": None,
-            "failures": 0,
-            "crashes": 0,
-            "error": None,
-            "error_type": None,
-            "traceback": None,
-            "owner_host": None,
-            "owner_pid": None,
-        }
-        return self._fenced(conn, worker, Transition.RESET, source_id, NEVER_ISSUED_TOKEN, values)
+        return self.transition(conn, worker, Transition.RESET, source_id, NEVER_ISSUED_TOKEN)
+
+
+_RELEASES = frozenset({Transition.RELEASE, Transition.CRASH, Transition.GIVE_UP})
+#: The values of rows that are the same every time, by transition (filled as used).
+_STATIC_VALUES: dict[Transition, dict[str, Any]] = {}
+#: Where each error field's text comes from, and how long it may be.
+_ERROR_PARTS = {
+    "error": ("message", MAX_ERROR_CHARS),
+    "error_type": ("type", MAX_ERROR_TYPE_CHARS),
+    "traceback": ("traceback", MAX_TRACEBACK_CHARS),
+}
+
+
+def _error_text(name: str, error: ErrorInfo) -> str | None:
+    part, limit = _ERROR_PARTS[name]
+    text: str | None = getattr(error, part)
+    return bounded(text, limit)
+
+
+def _static_value(name: str, value: Value) -> Any:
+    if value is NOW_VALUE:
+        return NOW
+    if value is INCREMENT_VALUE:
+        return INCREMENT
+    if value is NULL:
+        return None
+    if value is ZERO:
+        return 0
+    raise ValueError(f"a fenced transition cannot set {name} to {value.name}")

@@ -22,7 +22,7 @@ from ..dialects.base import READ_ONLY_OPTION
 
 
 @dataclass(slots=True)
-class Held:
+class ThreadConnections:
     """One thread's connections: the handler's, and where the dialect reads the source
     row apart (``Dialect.source_read_apart``) one for that read."""
 
@@ -40,11 +40,11 @@ class HeldConnections:
         self.enabled = not isinstance(engine.pool, NullPool)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._by_id: dict[int, Held] = {}
+        self._by_id: dict[int, ThreadConnections] = {}
 
-    def take(self) -> Held:
+    def take(self) -> ThreadConnections:
         """This thread's connections for the next invocation."""
-        held: Held | None = getattr(self._local, "held", None)
+        held: ThreadConnections | None = getattr(self._local, "held", None)
         if held is not None and not self._usable(held):
             self.drop()
             held = None
@@ -59,7 +59,7 @@ class HeldConnections:
 
     def drop(self) -> None:
         """Give this thread's connections back to the pool (which rolls them back)."""
-        held: Held | None = getattr(self._local, "held", None)
+        held: ThreadConnections | None = getattr(self._local, "held", None)
         self._local.held = None
         if held is not None:
             with self._lock:
@@ -74,7 +74,7 @@ class HeldConnections:
             _close(held)
         self._local = threading.local()
 
-    def _check_out(self) -> Held:
+    def _check_out(self) -> ThreadConnections:
         write = self.engine.connect()
         read = None
         if self.read_apart:
@@ -83,14 +83,14 @@ class HeldConnections:
             except BaseException:
                 write.close()
                 raise
-        held = Held(write, read)
+        held = ThreadConnections(write, read)
         self._local.held = held
         with self._lock:
             self._by_id[id(held)] = held
         return held
 
     @staticmethod
-    def _usable(held: Held) -> bool:
+    def _usable(held: ThreadConnections) -> bool:
         # An idle one is pinged when its next transaction begins (``liveness``).
         return not any(
             conn is not None and (conn.closed or conn.invalidated or conn.in_transaction())
@@ -98,7 +98,7 @@ class HeldConnections:
         )
 
 
-def _close(held: Held) -> None:
+def _close(held: ThreadConnections) -> None:
     for conn in (held.write, held.read):
         if conn is not None:
             try:

@@ -2,7 +2,7 @@
 sweep schedule, and what happens when an invocation ends; one module per idea."""
 
 from .loop import Scheduler
-from .outbox import Health
+from .outbox import SchedulerHealth
 from .state import WorkerState
 
-__all__ = ["Health", "Scheduler", "WorkerState"]
+__all__ = ["Scheduler", "SchedulerHealth", "WorkerState"]

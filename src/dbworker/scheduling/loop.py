@@ -24,7 +24,7 @@ from ..core.timing import Timings
 from ..dialects import Claims, Dialect, Owner
 from ..events import Events
 from ..wakeups import Wakeups
-from .outbox import Deferred, Health, Outbox
+from .outbox import Deferred, Outbox, SchedulerHealth
 from .outcomes import Outcomes
 from .state import WorkerState
 
@@ -53,7 +53,7 @@ class Scheduler:
         self.states = {state.worker.name: state for state in states}
         self.timings = timings
         self.owner = owner
-        self.health = Health()
+        self.health = SchedulerHealth()
         self.outbox = Outbox(engine, dialect, self.health, self.events)
         self.outcomes = Outcomes(self.outbox, dialect, self.states, self.health, self.events)
         self._stopping = threading.Event()

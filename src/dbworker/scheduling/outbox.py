@@ -23,7 +23,7 @@ DB_RETRY_MAX_SECONDS = 10.0
 
 
 @dataclass(slots=True)
-class Health:
+class SchedulerHealth:
     """The scheduler's health, as it changes (``Coordinator.health()`` copies it)."""
 
     running: bool = False
@@ -52,7 +52,11 @@ class PendingWrite:
 
 class Outbox:
     def __init__(
-        self, engine: Engine, dialect: Dialect, health: Health, events: Events | None = None
+        self,
+        engine: Engine,
+        dialect: Dialect,
+        health: SchedulerHealth,
+        events: Events | None = None,
     ) -> None:
         self.engine = engine
         self.dialect = dialect

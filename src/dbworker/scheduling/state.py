@@ -16,7 +16,7 @@ CONTENDED_RETRY_SECONDS = 0.01
 
 
 @dataclass(slots=True)
-class Held:
+class HeldClaim:
     """A claim this coordinator holds."""
 
     token: int
@@ -35,10 +35,10 @@ class WorkerState:
     executor: Executor
     backoff: PollBackoff
     next_poll: float = 0.0
-    held: dict[Any, Held] = field(default_factory=dict)
+    held: dict[Any, HeldClaim] = field(default_factory=dict)
     #: Runs that completed in the database (Unfinished, a retry) and were claimed
     #: again before their result was read, by (source_id, token).
-    completing: dict[tuple[Any, int], Held] = field(default_factory=dict)
+    completing: dict[tuple[Any, int], HeldClaim] = field(default_factory=dict)
     discovery: DiscoverySchedule = field(default_factory=DiscoverySchedule)
     #: The wait after a claim that found claimable records locked by another
     #: transaction (``Claims.skipped``) and took nothing: that lock is usually one
