@@ -22,8 +22,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "executors": frozenset({"core", "executors"}),
     "invocation": frozenset({"core", "dialects", "schema", "invocation"}),
     # The scheduler's event interface: plain data and a list of callables, importable
-    # from anywhere (the scheduling loop reports through it) and importing nothing.
-    "events": frozenset({"events"}),
+    # from anywhere (the scheduling loop reports through it); its kinds are the core's
+    # (the transition table names the event each row reports).
+    "events": frozenset({"core", "events"}),
     # What operators read (backlog, registry, records): the database, never the
     # scheduling loop or the executors, so the CLI and the dashboard stay read-side.
     "backlog": frozenset({"core", "dialects", "schema", "worker", "backlog"}),

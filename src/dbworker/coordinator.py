@@ -520,7 +520,13 @@ class Coordinator:
         runner = self._runner()
         try:
             return drain(
-                engine, self._dialect, runner, chosen, self._timings.lease_seconds, max_invocations
+                engine,
+                self._dialect,
+                runner,
+                chosen,
+                self._timings.lease_seconds,
+                max_invocations,
+                self._events,
             )
         finally:
             runner.dispose()

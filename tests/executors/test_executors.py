@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from dbworker import ConfigurationError, ExecutionStatus, RetryPolicy
+from dbworker import ConfigurationError, Event, EventKind, ExecutionStatus, RetryPolicy
 from dbworker.dialects import Owner
 from dbworker.executors import spawn as spawn_executor
 from waiting import DEADLINE, pid_alive, wait_until
@@ -682,6 +682,42 @@ def test_drain_runs_everything_in_process_including_dependent_work(rig: Rig, exe
 
     # Nothing is left: a second drain runs nothing.
     assert len(coordinator.drain()) == 0
+
+
+def test_drain_gives_up_an_item_whose_holders_vanished_too_often(rig: Rig) -> None:
+    """drain() takes the scheduler's path for every ending, a vanished holder's too: a
+    takeover that reaches max_crashes fails the item instead of running it."""
+    coordinator = rig.coordinator("inline", max_crashes=2)
+    [item_id] = rig.add("finish")
+    table = coordinator.workers[app.WORKER].execution_table
+    with rig.engine.begin() as conn:
+        # A holder that vanished once already (crashes 1), its lease long expired.
+        conn.execute(
+            table.insert().values(
+                source_id=item_id,
+                status="working",
+                token=1,
+                lease_expires_at=1.0,
+                attempts=1,
+                failures=0,
+                crashes=1,
+                discovered_at=1.0,
+                updated_at=1.0,
+            )
+        )
+    seen: list[Event] = []
+    coordinator.events.subscribe(seen.append)
+
+    report = coordinator.drain()
+
+    [drained] = report.items
+    assert (drained.source_id, drained.outcome) == (item_id, "failed")
+    assert rig.runs(item_id) == [], "an item given up is not run"
+    state = rig.state(coordinator, item_id)
+    assert state is not None
+    assert state["execution_status"] is FAILED
+    assert (state["crashes"], state["error_type"]) == (2, "dbworker.WorkerCrashed")
+    assert [(e.kind, e.source_id) for e in seen] == [(EventKind.CRASHED, item_id)]
 
 
 @pytest.mark.parametrize("executor", executor_params())
