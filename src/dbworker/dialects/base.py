@@ -26,7 +26,6 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
-    case,
     exists,
     func,
     literal,
@@ -40,6 +39,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import Insert
 
 from ..core.status import OPEN, ExecutionStatus, Phase
+from .claim_values import claim_values
 from .driver_cursor import DriverForms
 from .fenced import FencedTransitions
 from .liveness import ping_when_idle
@@ -448,29 +448,10 @@ class Dialect(FencedTransitions):
     def _claim_values(
         self, table: Table, lease_seconds: float, owner: Owner
     ) -> list[tuple[ColumnElement[Any], Any]]:
-        """What a claim sets, in order: every claim UPDATE (by ids, or a dialect's one
-        statement over its own search) sets exactly these."""
-        now = self.now()
-        # MySQL evaluates SET left to right with already-updated values, so
-        # ``crashes`` must read ``status`` before ``status`` is overwritten.
-        return [
-            (
-                table.c.crashes,
-                # A takeover means the previous holder vanished: count it as
-                # a crash, so a handler that kills its coordinator is bounded.
-                table.c.crashes
-                + case((table.c.status == status_literal(Phase.WORKING), 1), else_=0),
-            ),
-            (table.c.status, Phase.WORKING.value),
-            (table.c.token, table.c.token + 1),
-            (table.c.lease_expires_at, now + lease_seconds),
-            (table.c.not_before, None),
-            (table.c.attempts, table.c.attempts + 1),
-            (table.c.claimed_at, now),
-            (table.c.updated_at, now),
-            (table.c.owner_host, owner.host),
-            (table.c.owner_pid, owner.pid),
-        ]
+        """What a claim sets, in order (``claim_values``, from the CLAIM and TAKEOVER
+        rows): every claim UPDATE (by ids, or a dialect's one statement over its own
+        search) sets exactly these."""
+        return claim_values(table, self.now(), lease_seconds, (owner.host, owner.pid))
 
     # -- reading -------------------------------------------------------------------
 
