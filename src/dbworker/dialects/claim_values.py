@@ -26,16 +26,14 @@ from ..core.transitions import (
 )
 from .terms import status_literal
 
-ClaimOwner = tuple[str, int]
-
 
 def claim_values(
-    table: Table, now: ColumnElement[float], lease_seconds: float, owner: ClaimOwner
+    table: Table, now: ColumnElement[float], lease_seconds: float, owner: tuple[str, int]
 ) -> list[tuple[ColumnElement[Any], Any]]:
     """The SET clause of a claim, in order: the fields a takeover sets differently
     first (MySQL evaluates SET left to right with already-updated values, so they must
     read ``status`` before it is overwritten), then ``status``, the shared fields, and
-    ``updated_at``."""
+    ``updated_at``. ``owner`` is the claiming coordinator's (host, pid)."""
     claim, takeover = ROWS[Transition.CLAIM], ROWS[Transition.TAKEOVER]
     taking_over = table.c.status == status_literal(Phase.WORKING)
 
