@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
 from .base import Executor, Runner
+from .prefetch import PrefetchPolicy, streaming
 from .process import CANCEL, READY, SKIPPED, child_main, describe_exit, receive, send
 
 #: How long shutdown waits for an idle child to exit before killing it.
@@ -30,28 +31,6 @@ EXIT_GRACE_SECONDS = 5.0
 #: its replacements die too: a broken interpreter or environment must not spin.
 STARTUP_RETRY_SECONDS = 0.5
 STARTUP_RETRY_MAX_SECONDS = 30.0
-#: Tasks sent ahead into a process's pipe (the one running and up to nine more): the
-#: next starts without waiting for the coordinator to read the result before it, even
-#: while the coordinator waits for a core (two handler processes and a database
-#: server on two cores) or claims. With three, no-op handlers waited for their next
-#: task a third of the time; with ten, an eighth. ``_depth`` bounds it further to
-#: ``PREFETCH_HORIZON_SECONDS`` of recent work, and to one after a long invocation
-#: (``LONG_INVOCATION_SECONDS``).
-PIPE_DEPTH = 10
-#: Prefetch only while the tasks waiting for a process would take about this long.
-PREFETCH_HORIZON_SECONDS = 0.05
-#: A task sent into a pipe waits for the ones before it, however long they turn out.
-#: After an invocation of at least LONG_INVOCATION_SECONDS (remembered with this half
-#: life) a worker's pipes hold only the running task: a worker whose handlers now and
-#: then run long keeps its waiting tasks in the coordinator, for whichever process
-#: frees first. (Shorter hiccups, a slow commit, change nothing.)
-PEAK_HALF_LIFE_SECONDS = 60.0
-LONG_INVOCATION_SECONDS = 1.0
-#: A process with a full pipe (``_pipe_depth`` tasks, at least this many) has work for
-#: a while: the coordinator reads its results in batches (waking once for several)
-#: until it is expected to be one task down, instead of waking for every result.
-BATCHED_READS_FROM = 3
-
 log = logging.getLogger("dbworker")
 
 
@@ -154,21 +133,17 @@ class ProcessPool(Executor):
         #: At most this many tasks wait per process (a process that runs one task in
         #: all has none waiting).
         self.prefetch = 0 if max_tasks_per_child == 1 else prefetch
+        self._policy = PrefetchPolicy(self.prefetch)
+        # Bound once: collect() and wait_handles() call them for every result and
+        # process, as cheaply as methods of the pool's own.
+        self._measured = self._policy.measured
+        self._read_by = self._policy.read_by
         self._children: list[_Child] = []
         #: Submitted tasks no process has been sent yet, in claim order.
         self._waiting: collections.deque[Task] = collections.deque()
         #: Tasks that were killed while waiting in a process's pipe: that process is
         #: stopped when it gets to one.
         self._cancelled: set[TaskKey] = set()
-        #: Recent invocations' duration (exponentially weighted), for the prefetch depth.
-        self._typical_duration: float | None = None
-        #: ``_depth_for(_typical_duration)``, kept: every dispatch and poll reads it.
-        self._depth = 1
-        #: The longest recent invocation (decaying, see PEAK_HALF_LIFE_SECONDS), when
-        #: it was last raised or decayed, and the pipe depth it allows.
-        self._peak_duration = 0.0
-        self._peak_at = 0.0
-        self._pipe_depth = 1
         #: Recycled children on their way out, with the time to stop waiting for them.
         self._retiring: list[tuple[ProcessHandle, float]] = []
         self._payloads: dict[str, bytes] = {}
@@ -196,53 +171,12 @@ class ProcessPool(Executor):
         child_end.close()
         return process, parent_end
 
-    # -- capacity ------------------------------------------------------------------
-
-    def _depth_for(self, typical: float | None) -> int:
-        """How many tasks each process may have (running and waiting) when invocations
-        typically take ``typical`` seconds."""
-        if not self.prefetch or typical is None:
-            return 1  # nothing measured yet: the tasks may be long ones
-        waiting = int(PREFETCH_HORIZON_SECONDS / max(typical, 1e-6))
-        return 1 + max(0, min(self.prefetch, waiting))
-
-    def _measured(self, duration: float) -> None:
-        typical = self._typical_duration
-        typical = duration if typical is None else 0.8 * typical + 0.2 * duration
-        self._typical_duration = typical
-        self._depth = self._depth_for(typical)
-        now = time.monotonic()
-        peak = self._peak_duration * 0.5 ** ((now - self._peak_at) / PEAK_HALF_LIFE_SECONDS)
-        self._peak_duration, self._peak_at = max(duration, peak), now
-        ran_long = self._peak_duration >= LONG_INVOCATION_SECONDS
-        self._pipe_depth = 1 if ran_long else min(PIPE_DEPTH, self._depth)
-
-    def _streaming(self, child: _Child, now: float) -> bool:
-        """Whether ``child`` is working through short tasks one after another (it ended
-        one a moment ago): only then may more tasks wait for it. One that has run its
-        task for longer, or sat idle, gets one task at a time, so nothing is claimed
-        ahead of a handler that may run long (nor in the first claim after a pause)."""
-        return now - child.last_done < PREFETCH_HORIZON_SECONDS
-
-    def _room(self, child: _Child, depth: int, now: float) -> int:
-        """How many more tasks ``child`` may have."""
-        if not child.usable:
-            return 0
-        if depth > 1 and self._streaming(child, now):
-            return max(0, depth - len(child.tasks))
-        return 0 if child.tasks else 1
+    # -- dispatch ------------------------------------------------------------------
 
     def free_slots(self) -> int:
-        depth = self._depth
-        now = time.monotonic()
-        room = sum(self._room(c, depth, now) for c in self._children)
-        held = len(self._waiting) + sum(len(c.tasks) for c in self._children)
-        free = max(0, min(room - len(self._waiting), self.slots * depth - held))
-        if depth == 1 or free >= (self.slots * depth) // 2:
-            return free
-        # Claim in batches (one claim feeds several tasks), unless a process idles.
-        hungry = any(c.usable and not c.tasks for c in self._children)
-        return free if hungry and not self._waiting else 0
+        return self._policy.free_slots(
+            self._children, len(self._waiting), self.slots, time.monotonic()
+        )
 
     def submit(self, task: Task) -> None:
         self.submit_all((task,))
@@ -255,10 +189,12 @@ class ProcessPool(Executor):
             self._waiting.append(task)
         self._dispatch()
 
-    def _takes_more(self, child: _Child, now: float) -> bool:
-        if not child.usable or len(child.tasks) >= self._pipe_depth:
+    def _takes_more(self, child: _Child, now: float, pipe_depth: int) -> bool:
+        """Whether ``child``'s pipe takes another task (``pipe_depth``: the policy's,
+        read once per dispatch)."""
+        if not child.usable or len(child.tasks) >= pipe_depth:
             return False
-        if child.tasks and not self._streaming(child, now):
+        if child.tasks and not streaming(child, now):
             return False  # it may run long: the task goes to whichever process frees first
         limit = self.max_tasks_per_child
         return limit is None or child.completed + len(child.tasks) < limit
@@ -268,7 +204,8 @@ class ProcessPool(Executor):
         if not self._waiting:
             return
         now = time.monotonic()
-        ready = [c for c in self._children if self._takes_more(c, now)]
+        pipe_depth = self._policy.pipe_depth
+        ready = [c for c in self._children if self._takes_more(c, now, pipe_depth)]
         while self._waiting and ready:
             child = min(ready, key=lambda c: len(c.tasks))
             task = self._waiting.popleft()
@@ -278,7 +215,7 @@ class ProcessPool(Executor):
             # If the child is dead, collect() reports the crash for this task.
             with contextlib.suppress(OSError, EOFError):
                 send(child.conn, task_message(task, self._payloads[task.worker]))
-            if not self._takes_more(child, now):
+            if not self._takes_more(child, now, pipe_depth):
                 ready.remove(child)
 
     def _requeue(self, tasks: Sequence[Task]) -> None:
@@ -302,15 +239,6 @@ class ProcessPool(Executor):
             if not child.ready or (child.tasks and self._read_by(child) <= now):
                 handles.append(child.conn)
         return handles
-
-    def _read_by(self, child: _Child) -> float:
-        """When ``child``'s results should be read: at once, unless it has a full pipe
-        of short tasks, then when it is expected to be one task down."""
-        typical = self._typical_duration
-        full = max(BATCHED_READS_FROM, self._pipe_depth)
-        if typical is None or len(child.tasks) < full:
-            return child.started
-        return child.started + (len(child.tasks) - full + 1) * typical
 
     def collect_by(self) -> float | None:
         # Children whose results are due have their pipes among the wait handles.
@@ -355,7 +283,7 @@ class ProcessPool(Executor):
                 child.tasks.popleft()
                 child.completed += 1
                 results.append(result)
-                self._measured(result.duration)
+                self._measured(result.duration, time.monotonic())
             for key in skipped:  # withdrawn before they started: no result for them
                 self._cancelled.discard(key)
                 child.tasks = collections.deque(t for t in child.tasks if t.key != key)
