@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from dbworker.core.tasks import Task
-from dbworker.executors.pool import ProcessPool, _Child
+from dbworker.executors.children import Child
+from dbworker.executors.pool import ProcessPool
 from dbworker.executors.prefetch import (
     BATCHED_READS_FROM,
     LONG_INVOCATION_SECONDS,
@@ -41,7 +42,7 @@ def _task(n: int) -> Task:
 def rig() -> Any:
     parent, child_end = multiprocessing.Pipe()
     executor = ProcessPool(1, runner=None, parent_pid=0, prefetch=4)  # type: ignore[arg-type]
-    child = _Child(_Process(), parent)  # type: ignore[arg-type]
+    child = Child(_Process(), parent)  # type: ignore[arg-type]
     child.ready = True
     executor._children.append(child)
     yield executor, child
@@ -49,7 +50,7 @@ def rig() -> Any:
     child_end.close()
 
 
-def _pipe_takes(executor: ProcessPool, child: _Child) -> int:
+def _pipe_takes(executor: ProcessPool, child: Child) -> int:
     """How many tasks the pipe of ``child`` (streaming short tasks) takes in all."""
     now = time.monotonic()
     child.last_done = now

@@ -5,101 +5,27 @@ pipe, so a child's death touches only the item it was running: the coordinator
 sees the pipe close or the process sentinel fire, releases that one claim, and
 the pool starts a replacement. Children are started with forkserver (or spawn),
 never a plain fork of the threaded coordinator.
+
+This module dispatches: it queues claimed tasks, hands them to processes, reads
+their results and requeues what a lost process had not started. The processes'
+lifecycle is ``children.py``'s; how many tasks may wait for each, ``prefetch.py``'s.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import multiprocessing
-import select
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any
 
 from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
 from .base import Executor, Runner
+from .children import Child, Children, ProcessHandle, default_start_method, start_process
 from .prefetch import PrefetchPolicy, streaming
-from .process import CANCEL, READY, SKIPPED, child_main, describe_exit, receive, send
-
-#: How long shutdown waits for an idle child to exit before killing it.
-EXIT_GRACE_SECONDS = 5.0
-#: A child that dies before it is ready is replaced after this long, doubling while
-#: its replacements die too: a broken interpreter or environment must not spin.
-STARTUP_RETRY_SECONDS = 0.5
-STARTUP_RETRY_MAX_SECONDS = 30.0
-log = logging.getLogger("dbworker")
-
-
-def default_start_method() -> str:
-    # forkserver forks from a clean single-threaded server (cheap, and safe from
-    # the coordinator's threads); spawn is the portable fallback.
-    methods = multiprocessing.get_all_start_methods()
-    return "forkserver" if "forkserver" in methods else "spawn"
-
-
-class ProcessHandle(Protocol):
-    """The part of multiprocessing's Process the pool uses; subprocesses adapt to it."""
-
-    @property
-    def exitcode(self) -> int | None: ...
-
-    @property
-    def sentinel(self) -> Any: ...
-
-    def is_alive(self) -> bool: ...
-
-    def kill(self) -> None: ...
-
-    def join(self, timeout: float | None = None) -> None: ...
-
-
-@dataclass(slots=True)
-class _Child:
-    process: ProcessHandle
-    conn: Connection
-    #: Tasks sent down its pipe, in order: the first is running, the rest wait there.
-    tasks: collections.deque[Task] = field(default_factory=collections.deque)
-    #: When the first of ``tasks`` started (as far as the coordinator can tell: when
-    #: it was sent, or when the result before it arrived).
-    started: float = 0.0
-    #: When it last reported a result (or skipped withdrawn tasks).
-    last_done: float = float("-inf")
-    completed: int = 0
-    #: Whether it said READY. Only a ready child gets work: a claim made for a child
-    #: still starting (seconds, for a new interpreter) would spend its lease, and its
-    #: timeout, waiting for the handler to start.
-    ready: bool = False
-    #: Set when it died before it was ready: when to start its replacement.
-    respawn_at: float | None = None
-
-    #: Readiness of its pipe, checked without building a selector each time (a
-    #: pipe's ``poll()`` does), which is a large share of a short task's cost here.
-    pipe: select.poll = field(default_factory=select.poll)
-
-    def __post_init__(self) -> None:
-        self.pipe.register(self.conn.fileno(), select.POLLIN)
-
-    @property
-    def usable(self) -> bool:
-        return self.ready and self.respawn_at is None
-
-    def readable(self) -> bool:
-        return bool(self.pipe.poll(0))
-
-    def alive(self) -> bool:
-        """Whether the process runs (its sentinel, when it has one, says so cheaply)."""
-        sentinel = self.process.sentinel
-        if isinstance(sentinel, int):
-            try:
-                if not select.select([sentinel], [], [], 0)[0]:
-                    return True
-            except (OSError, ValueError):
-                pass
-        return bool(self.process.is_alive())
+from .process import CANCEL, READY, SKIPPED, child_main, describe_exit, send
 
 
 class ProcessPool(Executor):
@@ -138,38 +64,32 @@ class ProcessPool(Executor):
         # process, as cheaply as methods of the pool's own.
         self._measured = self._policy.measured
         self._read_by = self._policy.read_by
-        self._children: list[_Child] = []
+        self._lifecycle = Children(self._launch, self._ready_message, self._closed_before_ready)
+        #: The lifecycle's list itself (it replaces children in place): the loops
+        #: below index it directly.
+        self._children: list[Child] = self._lifecycle.members
         #: Submitted tasks no process has been sent yet, in claim order.
         self._waiting: collections.deque[Task] = collections.deque()
         #: Tasks that were killed while waiting in a process's pipe: that process is
         #: stopped when it gets to one.
         self._cancelled: set[TaskKey] = set()
-        #: Recycled children on their way out, with the time to stop waiting for them.
-        self._retiring: list[tuple[ProcessHandle, float]] = []
         self._payloads: dict[str, bytes] = {}
-        #: Children in a row that died before they were ready.
-        self._startup_failures = 0
 
     def start(self) -> None:
-        while len(self._children) < self.slots + self.spares:
-            self._children.append(self._spawn())
+        self._lifecycle.start(self.slots + self.spares)
 
-    def _spawn(self) -> _Child:
-        process, conn = self._launch()
-        return _Child(process, conn)
+    # -- hooks: how a process starts and says it is ready ----------------------------
 
     def _launch(self) -> tuple[ProcessHandle, Connection]:
-        parent_end, child_end = self._context.Pipe()
-        # Not daemonic: a daemonic process may not start processes of its own,
-        # and handlers are free to. Shutdown and the parent watch end them instead.
-        process = self._context.Process(
-            target=child_main,
-            args=(child_end, self.runner, self.parent_pid),
-            name="dbworker-handler",
+        return start_process(
+            self._context, child_main, "dbworker-handler", self.runner, self.parent_pid
         )
-        process.start()
-        child_end.close()
-        return process, parent_end
+
+    def _ready_message(self, child: Child, message: Any) -> bool:
+        return bool(message == READY)
+
+    def _closed_before_ready(self, child: Child) -> None:
+        """The child's end of the pipe closed before it said ready (it died starting)."""
 
     # -- dispatch ------------------------------------------------------------------
 
@@ -189,7 +109,7 @@ class ProcessPool(Executor):
             self._waiting.append(task)
         self._dispatch()
 
-    def _takes_more(self, child: _Child, now: float, pipe_depth: int) -> bool:
+    def _takes_more(self, child: Child, now: float, pipe_depth: int) -> bool:
         """Whether ``child``'s pipe takes another task (``pipe_depth``: the policy's,
         read once per dispatch)."""
         if not child.usable or len(child.tasks) >= pipe_depth:
@@ -247,7 +167,7 @@ class ProcessPool(Executor):
         return min((t for t in times if t > now), default=None)
 
     def collect(self) -> list[Result]:
-        self._reap()
+        self._lifecycle.reap()
         results: list[Result] = []
         for index in range(len(self._children)):
             self._collect_child(index, results)
@@ -258,22 +178,22 @@ class ProcessPool(Executor):
         child = self._children[index]
         if child.respawn_at is not None:
             if time.monotonic() >= child.respawn_at:
-                self._replace(index)
+                self._lifecycle.replace(index)
             return
         if not child.ready:
-            self._check_ready(child)
+            self._lifecycle.check_ready(child)
             return
         if not child.tasks:
             if not child.alive():
-                self._replace(index)
+                self._lifecycle.replace(index)
             return
         while child.tasks:
-            message = self._receive(child)
+            message = child.receive()
             alive = message is not None or child.alive()
             if not alive:
                 # A result sent just before the process exited is in the pipe by the
                 # time its death shows: look once more before calling it a crash.
-                message = self._receive(child)
+                message = child.receive()
             if message is None:
                 if not alive:
                     self._crashed(index, results)
@@ -295,7 +215,7 @@ class ProcessPool(Executor):
                 self._stop_child(index)
                 return
             if self.max_tasks_per_child and child.completed >= self.max_tasks_per_child:
-                self._retire(index)
+                self._lifecycle.retire(index)
                 return
 
     def _crashed(self, index: int, results: list[Result]) -> None:
@@ -317,85 +237,12 @@ class ProcessPool(Executor):
                 )
             )
         self._requeue(rest)
-        self._replace(index)
+        self._lifecycle.replace(index)
 
     def _stop_child(self, index: int) -> None:
         """Kill a process and hand the tasks it had not started to the others."""
-        child = self._children[index]
-        child.process.kill()
-        child.process.join()
-        rest = list(child.tasks)[1:]
-        child.tasks.clear()
-        self._requeue(rest)
-        self._replace(index)
-
-    def _check_ready(self, child: _Child) -> None:
-        try:
-            if child.conn.poll() and self._ready_message(child, receive(child.conn)):
-                child.ready = True
-                self._startup_failures = 0
-                return
-        except (EOFError, OSError):
-            self._closed_before_ready(child)
-        if child.process.is_alive():
-            return
-        child.process.join()
-        self._startup_failures += 1
-        delay = min(
-            STARTUP_RETRY_SECONDS * 2 ** (self._startup_failures - 1), STARTUP_RETRY_MAX_SECONDS
-        )
-        child.respawn_at = time.monotonic() + delay
-        log.error(
-            "dbworker: a handler process exited before it was ready (%s); starting another "
-            "in %.1fs",
-            describe_exit(child.process.exitcode),
-            delay,
-        )
-
-    def _ready_message(self, child: _Child, message: Any) -> bool:
-        return bool(message == READY)
-
-    def _closed_before_ready(self, child: _Child) -> None:
-        """The child's end of the pipe closed before it said ready (it died starting)."""
-
-    @staticmethod
-    def _receive(child: _Child) -> Any:
-        try:
-            if child.readable():
-                return receive(child.conn)
-        except (EOFError, OSError):
-            pass
-        return None
-
-    def _retire(self, index: int) -> None:
-        # Ask the child to exit and start its successor at once; waiting for the
-        # exit here would hold up the scheduler's loop (every worker's results,
-        # renewals and claims) for each recycled child: on every item under spawn.
-        child = self._children[index]
-        with contextlib.suppress(OSError):
-            send(child.conn, None)
-        child.conn.close()
-        self._retiring.append((child.process, time.monotonic() + EXIT_GRACE_SECONDS))
-        self._children[index] = self._spawn()
-
-    def _reap(self) -> None:
-        """Collect recycled children that have exited; kill those past their grace."""
-        now = time.monotonic()
-        still: list[tuple[ProcessHandle, float]] = []
-        for process, deadline in self._retiring:
-            if process.is_alive() and now < deadline:
-                still.append((process, deadline))
-                continue
-            if process.is_alive():
-                process.kill()
-            process.join()
-        self._retiring = still
-
-    def _replace(self, index: int) -> None:
-        old = self._children[index]
-        old.conn.close()
-        old.process.join(0)
-        self._children[index] = self._spawn()
+        self._requeue(self._lifecycle.kill(index))
+        self._lifecycle.replace(index)
 
     def kill(self, task_key: TaskKey) -> bool:
         for task in self._waiting:
@@ -425,26 +272,7 @@ class ProcessPool(Executor):
 
     def shutdown(self) -> None:
         self._waiting.clear()
-        for child in self._children:
-            with contextlib.suppress(OSError):
-                if not child.tasks:
-                    send(child.conn, None)
-                else:
-                    child.process.kill()
-        deadline = time.monotonic() + EXIT_GRACE_SECONDS
-        for child in self._children:
-            child.process.join(max(0.0, deadline - time.monotonic()))
-            if child.process.is_alive():
-                child.process.kill()
-                child.process.join()
-            child.conn.close()
-        self._children.clear()
-        for process, _ in self._retiring:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-                process.join()
-        self._retiring.clear()
+        self._lifecycle.shutdown()
 
 
 def _unpack(message: Any) -> tuple[Result | None, Sequence[TaskKey]]:
