@@ -62,7 +62,7 @@ def _pipe_takes(executor: ProcessPool, child: Child) -> int:
 
 def _measured(executor: ProcessPool, duration: float) -> None:
     """An invocation of ``executor``'s took ``duration`` and ended now."""
-    executor._measured(duration, time.monotonic())
+    executor._policy.measured(duration, time.monotonic())
 
 
 def test_a_full_pipe_of_short_tasks_is_read_by_a_deadline(rig: Any) -> None:
@@ -135,5 +135,5 @@ def test_a_long_invocation_is_forgotten_with_time(rig: Any) -> None:
     _measured(executor, LONG_INVOCATION_SECONDS * 2)
     later = time.monotonic() + 2 * PEAK_HALF_LIFE_SECONDS
     for _ in range(100):
-        executor._measured(0.001, later)
+        executor._policy.measured(0.001, later)
     assert _pipe_takes(executor, child) == min(PIPE_DEPTH, executor._policy.depth) > 1

@@ -59,11 +59,9 @@ class ProcessPool(Executor):
         #: At most this many tasks wait per process (a process that runs one task in
         #: all has none waiting).
         self.prefetch = 0 if max_tasks_per_child == 1 else prefetch
+        # The loops below read it into a local first: a slotted object's methods then
+        # cost no more than the pool's own.
         self._policy = PrefetchPolicy(self.prefetch)
-        # Bound once: collect() and wait_handles() call them for every result and
-        # process, as cheaply as methods of the pool's own.
-        self._measured = self._policy.measured
-        self._read_by = self._policy.read_by
         self._lifecycle = Children(self._launch, self._ready_message, self._closed_before_ready)
         #: The lifecycle's list itself (it replaces children in place): the loops
         #: below index it directly.
@@ -151,19 +149,21 @@ class ProcessPool(Executor):
     def wait_handles(self) -> Sequence[Any]:
         handles: list[Any] = []
         now = time.monotonic()
+        policy = self._policy
         for child in self._children:
             if child.respawn_at is not None:
                 continue  # dead: its sentinel would wake the loop for ever
             if child.process.sentinel is not None:  # None: no pidfd (yet) to watch
                 handles.append(child.process.sentinel)  # a death is seen at once
-            if not child.ready or (child.tasks and self._read_by(child) <= now):
+            if not child.ready or (child.tasks and policy.read_by(child) <= now):
                 handles.append(child.conn)
         return handles
 
     def collect_by(self) -> float | None:
         # Children whose results are due have their pipes among the wait handles.
         now = time.monotonic()
-        times = [self._read_by(c) for c in self._children if c.usable and c.tasks]
+        policy = self._policy
+        times = [policy.read_by(c) for c in self._children if c.usable and c.tasks]
         return min((t for t in times if t > now), default=None)
 
     def collect(self) -> list[Result]:
@@ -187,6 +187,7 @@ class ProcessPool(Executor):
             if not child.alive():
                 self._lifecycle.replace(index)
             return
+        policy = self._policy
         while child.tasks:
             message = child.receive()
             alive = message is not None or child.alive()
@@ -203,7 +204,7 @@ class ProcessPool(Executor):
                 child.tasks.popleft()
                 child.completed += 1
                 results.append(result)
-                self._measured(result.duration, time.monotonic())
+                policy.measured(result.duration, time.monotonic())
             for key in skipped:  # withdrawn before they started: no result for them
                 self._cancelled.discard(key)
                 child.tasks = collections.deque(t for t in child.tasks if t.key != key)
