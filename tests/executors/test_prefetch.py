@@ -11,7 +11,7 @@ import time
 import pytest
 
 from dbworker import ExecutionStatus
-from dbworker.executors import pool
+from dbworker.executors import prefetch as policy
 from waiting import DEADLINE, wait_until
 
 from .support import Rig, make_choice
@@ -24,7 +24,7 @@ WORKING, UNFINISHED, FINISHED = (
 )
 #: The executors whose processes outlive a task, so tasks can wait for them.
 PREFETCHING = ("pool", "subprocess")
-DEFAULT_HORIZON = pool.PREFETCH_HORIZON_SECONDS
+DEFAULT_HORIZON = policy.PREFETCH_HORIZON_SECONDS
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,7 @@ def prefetch_whatever_the_durations(monkeypatch: pytest.MonkeyPatch) -> None:
     # How deep the queues get depends on how long recent invocations took, which on a
     # loaded machine varies; these tests are about what happens to waiting items, so
     # every process gets its whole prefetch once any duration is known.
-    monkeypatch.setattr(pool, "PREFETCH_HORIZON_SECONDS", 3600.0)
+    monkeypatch.setattr(policy, "PREFETCH_HORIZON_SECONDS", 3600.0)
 
 
 def warm(rig: Rig, coordinator: object) -> None:
@@ -179,7 +179,7 @@ def test_a_waiting_item_whose_claim_is_lost_never_starts(
 def test_nothing_waits_behind_a_long_running_handler(
     rig: Rig, executor: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pool, "PREFETCH_HORIZON_SECONDS", DEFAULT_HORIZON)
+    monkeypatch.setattr(policy, "PREFETCH_HORIZON_SECONDS", DEFAULT_HORIZON)
     coordinator = rig.coordinator(make_choice(executor, prefetch=4), concurrency=2)
     coordinator.start()
     warm(rig, coordinator)

@@ -5,122 +5,27 @@ pipe, so a child's death touches only the item it was running: the coordinator
 sees the pipe close or the process sentinel fire, releases that one claim, and
 the pool starts a replacement. Children are started with forkserver (or spawn),
 never a plain fork of the threaded coordinator.
+
+This module dispatches: it queues claimed tasks, hands them to processes, reads
+their results and requeues what a lost process had not started. The processes'
+lifecycle is ``children.py``'s; how many tasks may wait for each, ``prefetch.py``'s.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import multiprocessing
-import select
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any
 
 from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
 from .base import Executor, Runner
-from .process import CANCEL, READY, SKIPPED, child_main, describe_exit, receive, send
-
-#: How long shutdown waits for an idle child to exit before killing it.
-EXIT_GRACE_SECONDS = 5.0
-#: A child that dies before it is ready is replaced after this long, doubling while
-#: its replacements die too: a broken interpreter or environment must not spin.
-STARTUP_RETRY_SECONDS = 0.5
-STARTUP_RETRY_MAX_SECONDS = 30.0
-#: Tasks sent ahead into a process's pipe (the one running and up to nine more): the
-#: next starts without waiting for the coordinator to read the result before it, even
-#: while the coordinator waits for a core (two handler processes and a database
-#: server on two cores) or claims. With three, no-op handlers waited for their next
-#: task a third of the time; with ten, an eighth. ``_depth`` bounds it further to
-#: ``PREFETCH_HORIZON_SECONDS`` of recent work, and to one after a long invocation
-#: (``LONG_INVOCATION_SECONDS``).
-PIPE_DEPTH = 10
-#: Prefetch only while the tasks waiting for a process would take about this long.
-PREFETCH_HORIZON_SECONDS = 0.05
-#: A task sent into a pipe waits for the ones before it, however long they turn out.
-#: After an invocation of at least LONG_INVOCATION_SECONDS (remembered with this half
-#: life) a worker's pipes hold only the running task: a worker whose handlers now and
-#: then run long keeps its waiting tasks in the coordinator, for whichever process
-#: frees first. (Shorter hiccups, a slow commit, change nothing.)
-PEAK_HALF_LIFE_SECONDS = 60.0
-LONG_INVOCATION_SECONDS = 1.0
-#: A process with a full pipe (``_pipe_depth`` tasks, at least this many) has work for
-#: a while: the coordinator reads its results in batches (waking once for several)
-#: until it is expected to be one task down, instead of waking for every result.
-BATCHED_READS_FROM = 3
-
-log = logging.getLogger("dbworker")
-
-
-def default_start_method() -> str:
-    # forkserver forks from a clean single-threaded server (cheap, and safe from
-    # the coordinator's threads); spawn is the portable fallback.
-    methods = multiprocessing.get_all_start_methods()
-    return "forkserver" if "forkserver" in methods else "spawn"
-
-
-class ProcessHandle(Protocol):
-    """The part of multiprocessing's Process the pool uses; subprocesses adapt to it."""
-
-    @property
-    def exitcode(self) -> int | None: ...
-
-    @property
-    def sentinel(self) -> Any: ...
-
-    def is_alive(self) -> bool: ...
-
-    def kill(self) -> None: ...
-
-    def join(self, timeout: float | None = None) -> None: ...
-
-
-@dataclass(slots=True)
-class _Child:
-    process: ProcessHandle
-    conn: Connection
-    #: Tasks sent down its pipe, in order: the first is running, the rest wait there.
-    tasks: collections.deque[Task] = field(default_factory=collections.deque)
-    #: When the first of ``tasks`` started (as far as the coordinator can tell: when
-    #: it was sent, or when the result before it arrived).
-    started: float = 0.0
-    #: When it last reported a result (or skipped withdrawn tasks).
-    last_done: float = float("-inf")
-    completed: int = 0
-    #: Whether it said READY. Only a ready child gets work: a claim made for a child
-    #: still starting (seconds, for a new interpreter) would spend its lease, and its
-    #: timeout, waiting for the handler to start.
-    ready: bool = False
-    #: Set when it died before it was ready: when to start its replacement.
-    respawn_at: float | None = None
-
-    #: Readiness of its pipe, checked without building a selector each time (a
-    #: pipe's ``poll()`` does), which is a large share of a short task's cost here.
-    pipe: select.poll = field(default_factory=select.poll)
-
-    def __post_init__(self) -> None:
-        self.pipe.register(self.conn.fileno(), select.POLLIN)
-
-    @property
-    def usable(self) -> bool:
-        return self.ready and self.respawn_at is None
-
-    def readable(self) -> bool:
-        return bool(self.pipe.poll(0))
-
-    def alive(self) -> bool:
-        """Whether the process runs (its sentinel, when it has one, says so cheaply)."""
-        sentinel = self.process.sentinel
-        if isinstance(sentinel, int):
-            try:
-                if not select.select([sentinel], [], [], 0)[0]:
-                    return True
-            except (OSError, ValueError):
-                pass
-        return bool(self.process.is_alive())
+from .children import Child, Children, ProcessHandle, default_start_method, start_process
+from .prefetch import PrefetchPolicy, streaming
+from .process import CANCEL, READY, SKIPPED, child_main, describe_exit, send
 
 
 class ProcessPool(Executor):
@@ -154,95 +59,42 @@ class ProcessPool(Executor):
         #: At most this many tasks wait per process (a process that runs one task in
         #: all has none waiting).
         self.prefetch = 0 if max_tasks_per_child == 1 else prefetch
-        self._children: list[_Child] = []
+        # The loops below read it into a local first: a slotted object's methods then
+        # cost no more than the pool's own.
+        self._policy = PrefetchPolicy(self.prefetch)
+        self._lifecycle = Children(self._launch, self._ready_message, self._closed_before_ready)
+        #: The lifecycle's list itself (it replaces children in place): the loops
+        #: below index it directly.
+        self._children: list[Child] = self._lifecycle.members
         #: Submitted tasks no process has been sent yet, in claim order.
         self._waiting: collections.deque[Task] = collections.deque()
         #: Tasks that were killed while waiting in a process's pipe: that process is
         #: stopped when it gets to one.
         self._cancelled: set[TaskKey] = set()
-        #: Recent invocations' duration (exponentially weighted), for the prefetch depth.
-        self._typical_duration: float | None = None
-        #: ``_depth_for(_typical_duration)``, kept: every dispatch and poll reads it.
-        self._depth = 1
-        #: The longest recent invocation (decaying, see PEAK_HALF_LIFE_SECONDS), when
-        #: it was last raised or decayed, and the pipe depth it allows.
-        self._peak_duration = 0.0
-        self._peak_at = 0.0
-        self._pipe_depth = 1
-        #: Recycled children on their way out, with the time to stop waiting for them.
-        self._retiring: list[tuple[ProcessHandle, float]] = []
         self._payloads: dict[str, bytes] = {}
-        #: Children in a row that died before they were ready.
-        self._startup_failures = 0
 
     def start(self) -> None:
-        while len(self._children) < self.slots + self.spares:
-            self._children.append(self._spawn())
+        self._lifecycle.start(self.slots + self.spares)
 
-    def _spawn(self) -> _Child:
-        process, conn = self._launch()
-        return _Child(process, conn)
+    # -- hooks: how a process starts and says it is ready ----------------------------
 
     def _launch(self) -> tuple[ProcessHandle, Connection]:
-        parent_end, child_end = self._context.Pipe()
-        # Not daemonic: a daemonic process may not start processes of its own,
-        # and handlers are free to. Shutdown and the parent watch end them instead.
-        process = self._context.Process(
-            target=child_main,
-            args=(child_end, self.runner, self.parent_pid),
-            name="dbworker-handler",
+        return start_process(
+            self._context, child_main, "dbworker-handler", self.runner, self.parent_pid
         )
-        process.start()
-        child_end.close()
-        return process, parent_end
 
-    # -- capacity ------------------------------------------------------------------
+    def _ready_message(self, child: Child, message: Any) -> bool:
+        return bool(message == READY)
 
-    def _depth_for(self, typical: float | None) -> int:
-        """How many tasks each process may have (running and waiting) when invocations
-        typically take ``typical`` seconds."""
-        if not self.prefetch or typical is None:
-            return 1  # nothing measured yet: the tasks may be long ones
-        waiting = int(PREFETCH_HORIZON_SECONDS / max(typical, 1e-6))
-        return 1 + max(0, min(self.prefetch, waiting))
+    def _closed_before_ready(self, child: Child) -> None:
+        """The child's end of the pipe closed before it said ready (it died starting)."""
 
-    def _measured(self, duration: float) -> None:
-        typical = self._typical_duration
-        typical = duration if typical is None else 0.8 * typical + 0.2 * duration
-        self._typical_duration = typical
-        self._depth = self._depth_for(typical)
-        now = time.monotonic()
-        peak = self._peak_duration * 0.5 ** ((now - self._peak_at) / PEAK_HALF_LIFE_SECONDS)
-        self._peak_duration, self._peak_at = max(duration, peak), now
-        ran_long = self._peak_duration >= LONG_INVOCATION_SECONDS
-        self._pipe_depth = 1 if ran_long else min(PIPE_DEPTH, self._depth)
-
-    def _streaming(self, child: _Child, now: float) -> bool:
-        """Whether ``child`` is working through short tasks one after another (it ended
-        one a moment ago): only then may more tasks wait for it. One that has run its
-        task for longer, or sat idle, gets one task at a time, so nothing is claimed
-        ahead of a handler that may run long (nor in the first claim after a pause)."""
-        return now - child.last_done < PREFETCH_HORIZON_SECONDS
-
-    def _room(self, child: _Child, depth: int, now: float) -> int:
-        """How many more tasks ``child`` may have."""
-        if not child.usable:
-            return 0
-        if depth > 1 and self._streaming(child, now):
-            return max(0, depth - len(child.tasks))
-        return 0 if child.tasks else 1
+    # -- dispatch ------------------------------------------------------------------
 
     def free_slots(self) -> int:
-        depth = self._depth
-        now = time.monotonic()
-        room = sum(self._room(c, depth, now) for c in self._children)
-        held = len(self._waiting) + sum(len(c.tasks) for c in self._children)
-        free = max(0, min(room - len(self._waiting), self.slots * depth - held))
-        if depth == 1 or free >= (self.slots * depth) // 2:
-            return free
-        # Claim in batches (one claim feeds several tasks), unless a process idles.
-        hungry = any(c.usable and not c.tasks for c in self._children)
-        return free if hungry and not self._waiting else 0
+        return self._policy.free_slots(
+            self._children, len(self._waiting), self.slots, time.monotonic()
+        )
 
     def submit(self, task: Task) -> None:
         self.submit_all((task,))
@@ -255,10 +107,12 @@ class ProcessPool(Executor):
             self._waiting.append(task)
         self._dispatch()
 
-    def _takes_more(self, child: _Child, now: float) -> bool:
-        if not child.usable or len(child.tasks) >= self._pipe_depth:
+    def _takes_more(self, child: Child, now: float, pipe_depth: int) -> bool:
+        """Whether ``child``'s pipe takes another task (``pipe_depth``: the policy's,
+        read once per dispatch)."""
+        if not child.usable or len(child.tasks) >= pipe_depth:
             return False
-        if child.tasks and not self._streaming(child, now):
+        if child.tasks and not streaming(child, now):
             return False  # it may run long: the task goes to whichever process frees first
         limit = self.max_tasks_per_child
         return limit is None or child.completed + len(child.tasks) < limit
@@ -268,7 +122,8 @@ class ProcessPool(Executor):
         if not self._waiting:
             return
         now = time.monotonic()
-        ready = [c for c in self._children if self._takes_more(c, now)]
+        pipe_depth = self._policy.pipe_depth
+        ready = [c for c in self._children if self._takes_more(c, now, pipe_depth)]
         while self._waiting and ready:
             child = min(ready, key=lambda c: len(c.tasks))
             task = self._waiting.popleft()
@@ -278,7 +133,7 @@ class ProcessPool(Executor):
             # If the child is dead, collect() reports the crash for this task.
             with contextlib.suppress(OSError, EOFError):
                 send(child.conn, task_message(task, self._payloads[task.worker]))
-            if not self._takes_more(child, now):
+            if not self._takes_more(child, now, pipe_depth):
                 ready.remove(child)
 
     def _requeue(self, tasks: Sequence[Task]) -> None:
@@ -294,32 +149,25 @@ class ProcessPool(Executor):
     def wait_handles(self) -> Sequence[Any]:
         handles: list[Any] = []
         now = time.monotonic()
+        policy = self._policy
         for child in self._children:
             if child.respawn_at is not None:
                 continue  # dead: its sentinel would wake the loop for ever
             if child.process.sentinel is not None:  # None: no pidfd (yet) to watch
                 handles.append(child.process.sentinel)  # a death is seen at once
-            if not child.ready or (child.tasks and self._read_by(child) <= now):
+            if not child.ready or (child.tasks and policy.read_by(child) <= now):
                 handles.append(child.conn)
         return handles
-
-    def _read_by(self, child: _Child) -> float:
-        """When ``child``'s results should be read: at once, unless it has a full pipe
-        of short tasks, then when it is expected to be one task down."""
-        typical = self._typical_duration
-        full = max(BATCHED_READS_FROM, self._pipe_depth)
-        if typical is None or len(child.tasks) < full:
-            return child.started
-        return child.started + (len(child.tasks) - full + 1) * typical
 
     def collect_by(self) -> float | None:
         # Children whose results are due have their pipes among the wait handles.
         now = time.monotonic()
-        times = [self._read_by(c) for c in self._children if c.usable and c.tasks]
+        policy = self._policy
+        times = [policy.read_by(c) for c in self._children if c.usable and c.tasks]
         return min((t for t in times if t > now), default=None)
 
     def collect(self) -> list[Result]:
-        self._reap()
+        self._lifecycle.reap()
         results: list[Result] = []
         for index in range(len(self._children)):
             self._collect_child(index, results)
@@ -330,22 +178,23 @@ class ProcessPool(Executor):
         child = self._children[index]
         if child.respawn_at is not None:
             if time.monotonic() >= child.respawn_at:
-                self._replace(index)
+                self._lifecycle.replace(index)
             return
         if not child.ready:
-            self._check_ready(child)
+            self._lifecycle.check_ready(child)
             return
         if not child.tasks:
             if not child.alive():
-                self._replace(index)
+                self._lifecycle.replace(index)
             return
+        policy = self._policy
         while child.tasks:
-            message = self._receive(child)
+            message = child.receive()
             alive = message is not None or child.alive()
             if not alive:
                 # A result sent just before the process exited is in the pipe by the
                 # time its death shows: look once more before calling it a crash.
-                message = self._receive(child)
+                message = child.receive()
             if message is None:
                 if not alive:
                     self._crashed(index, results)
@@ -355,7 +204,7 @@ class ProcessPool(Executor):
                 child.tasks.popleft()
                 child.completed += 1
                 results.append(result)
-                self._measured(result.duration)
+                policy.measured(result.duration, time.monotonic())
             for key in skipped:  # withdrawn before they started: no result for them
                 self._cancelled.discard(key)
                 child.tasks = collections.deque(t for t in child.tasks if t.key != key)
@@ -367,7 +216,7 @@ class ProcessPool(Executor):
                 self._stop_child(index)
                 return
             if self.max_tasks_per_child and child.completed >= self.max_tasks_per_child:
-                self._retire(index)
+                self._lifecycle.retire(index)
                 return
 
     def _crashed(self, index: int, results: list[Result]) -> None:
@@ -389,85 +238,12 @@ class ProcessPool(Executor):
                 )
             )
         self._requeue(rest)
-        self._replace(index)
+        self._lifecycle.replace(index)
 
     def _stop_child(self, index: int) -> None:
         """Kill a process and hand the tasks it had not started to the others."""
-        child = self._children[index]
-        child.process.kill()
-        child.process.join()
-        rest = list(child.tasks)[1:]
-        child.tasks.clear()
-        self._requeue(rest)
-        self._replace(index)
-
-    def _check_ready(self, child: _Child) -> None:
-        try:
-            if child.conn.poll() and self._ready_message(child, receive(child.conn)):
-                child.ready = True
-                self._startup_failures = 0
-                return
-        except (EOFError, OSError):
-            self._closed_before_ready(child)
-        if child.process.is_alive():
-            return
-        child.process.join()
-        self._startup_failures += 1
-        delay = min(
-            STARTUP_RETRY_SECONDS * 2 ** (self._startup_failures - 1), STARTUP_RETRY_MAX_SECONDS
-        )
-        child.respawn_at = time.monotonic() + delay
-        log.error(
-            "dbworker: a handler process exited before it was ready (%s); starting another "
-            "in %.1fs",
-            describe_exit(child.process.exitcode),
-            delay,
-        )
-
-    def _ready_message(self, child: _Child, message: Any) -> bool:
-        return bool(message == READY)
-
-    def _closed_before_ready(self, child: _Child) -> None:
-        """The child's end of the pipe closed before it said ready (it died starting)."""
-
-    @staticmethod
-    def _receive(child: _Child) -> Any:
-        try:
-            if child.readable():
-                return receive(child.conn)
-        except (EOFError, OSError):
-            pass
-        return None
-
-    def _retire(self, index: int) -> None:
-        # Ask the child to exit and start its successor at once; waiting for the
-        # exit here would hold up the scheduler's loop (every worker's results,
-        # renewals and claims) for each recycled child: on every item under spawn.
-        child = self._children[index]
-        with contextlib.suppress(OSError):
-            send(child.conn, None)
-        child.conn.close()
-        self._retiring.append((child.process, time.monotonic() + EXIT_GRACE_SECONDS))
-        self._children[index] = self._spawn()
-
-    def _reap(self) -> None:
-        """Collect recycled children that have exited; kill those past their grace."""
-        now = time.monotonic()
-        still: list[tuple[ProcessHandle, float]] = []
-        for process, deadline in self._retiring:
-            if process.is_alive() and now < deadline:
-                still.append((process, deadline))
-                continue
-            if process.is_alive():
-                process.kill()
-            process.join()
-        self._retiring = still
-
-    def _replace(self, index: int) -> None:
-        old = self._children[index]
-        old.conn.close()
-        old.process.join(0)
-        self._children[index] = self._spawn()
+        self._requeue(self._lifecycle.kill(index))
+        self._lifecycle.replace(index)
 
     def kill(self, task_key: TaskKey) -> bool:
         for task in self._waiting:
@@ -497,26 +273,7 @@ class ProcessPool(Executor):
 
     def shutdown(self) -> None:
         self._waiting.clear()
-        for child in self._children:
-            with contextlib.suppress(OSError):
-                if not child.tasks:
-                    send(child.conn, None)
-                else:
-                    child.process.kill()
-        deadline = time.monotonic() + EXIT_GRACE_SECONDS
-        for child in self._children:
-            child.process.join(max(0.0, deadline - time.monotonic()))
-            if child.process.is_alive():
-                child.process.kill()
-                child.process.join()
-            child.conn.close()
-        self._children.clear()
-        for process, _ in self._retiring:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-                process.join()
-        self._retiring.clear()
+        self._lifecycle.shutdown()
 
 
 def _unpack(message: Any) -> tuple[Result | None, Sequence[TaskKey]]:

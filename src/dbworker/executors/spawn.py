@@ -43,7 +43,8 @@ from typing import Any
 
 from ..core.tasks import Task
 from .base import TemplateRunner
-from .pool import ProcessHandle, ProcessPool, default_start_method
+from .children import ProcessHandle, default_start_method, end, start_process
+from .pool import ProcessPool
 from .process import READY, answer, receive, send, watch_parent
 
 #: How many exit statuses of processes not (yet) known by pid are kept.
@@ -190,13 +191,10 @@ class Template:
     ) -> None:
         #: At most this many connections lent at once (processes running, spare, exiting).
         self.lane_limit = lane_limit
-        context: Any = multiprocessing.get_context(start_method or default_start_method())
-        self.control, child_end = context.Pipe()
-        self.process = context.Process(
-            target=template_main, args=(child_end, runner, parent_pid), name="dbworker-template"
+        context = multiprocessing.get_context(start_method or default_start_method())
+        self.process, self.control = start_process(
+            context, template_main, "dbworker-template", runner, parent_pid
         )
-        self.process.start()
-        child_end.close()
         self._statuses: OrderedDict[int, int] = OrderedDict()
         self._learned: set[str] = set()
         self._closed = False
@@ -260,10 +258,7 @@ class Template:
         self._closed = True
         with contextlib.suppress(OSError):
             self.control.send(None)
-        self.process.join(TEMPLATE_EXIT_SECONDS)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+        end(self.process, TEMPLATE_EXIT_SECONDS)
         self.control.close()
 
 

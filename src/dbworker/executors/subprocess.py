@@ -20,7 +20,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .base import Runner
-from .pool import ProcessHandle, ProcessPool
+from .children import ProcessHandle
+from .pool import ProcessPool
 
 CHILD_MODULE = "dbworker.executors.subprocess_child"
 FD_ENV = "DBWORKER_CHILD_FD"

@@ -1,0 +1,248 @@
+"""The lifecycle of a pool's handler processes: launched, seen ready, replaced when
+they die, retired after their last task, killed, and ended at shutdown.
+
+Which tasks a process holds, and what becomes of them when it goes, is the pool's
+(``pool.py``); this module only starts, watches and ends processes. How a process is
+launched and what it says when ready are the pool's hooks (spawn-per-task forks
+from a template, the subprocess executor runs another interpreter).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import multiprocessing
+import select
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
+
+from ..core.tasks import Task
+from .process import describe_exit, receive, send
+
+#: How long shutdown waits for an idle child to exit before killing it.
+EXIT_GRACE_SECONDS = 5.0
+#: A child that dies before it is ready is replaced after this long, doubling while
+#: its replacements die too: a broken interpreter or environment must not spin.
+STARTUP_RETRY_SECONDS = 0.5
+STARTUP_RETRY_MAX_SECONDS = 30.0
+
+log = logging.getLogger("dbworker")
+
+
+def default_start_method() -> str:
+    # forkserver forks from a clean single-threaded server (cheap, and safe from
+    # the coordinator's threads); spawn is the portable fallback.
+    methods = multiprocessing.get_all_start_methods()
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def start_process(
+    context: Any, target: Callable[..., None], name: str, *args: Any
+) -> tuple[Any, Connection]:
+    """Start ``target(its end of a new pipe, *args)`` in a process of ``context``
+    (a multiprocessing context); return the process and our end of the pipe."""
+    ours, theirs = context.Pipe()
+    # Not daemonic: a daemonic process may not start processes of its own,
+    # and handlers are free to. Shutdown and the parent watch end them instead.
+    process = context.Process(target=target, args=(theirs, *args), name=name)
+    process.start()
+    theirs.close()
+    return process, ours
+
+
+class ProcessHandle(Protocol):
+    """The part of multiprocessing's Process the pool uses; subprocesses adapt to it."""
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    @property
+    def sentinel(self) -> Any: ...
+
+    def is_alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+def end(process: ProcessHandle, timeout: float) -> None:
+    """Wait up to ``timeout`` for ``process`` to exit (it was asked to), then kill it."""
+    process.join(max(0.0, timeout))
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+@dataclass(slots=True)
+class Child:
+    process: ProcessHandle
+    conn: Connection
+    #: Tasks sent down its pipe, in order: the first is running, the rest wait there.
+    tasks: collections.deque[Task] = field(default_factory=collections.deque)
+    #: When the first of ``tasks`` started (as far as the coordinator can tell: when
+    #: it was sent, or when the result before it arrived).
+    started: float = 0.0
+    #: When it last reported a result (or skipped withdrawn tasks).
+    last_done: float = float("-inf")
+    completed: int = 0
+    #: Whether it said READY. Only a ready child gets work: a claim made for a child
+    #: still starting (seconds, for a new interpreter) would spend its lease, and its
+    #: timeout, waiting for the handler to start.
+    ready: bool = False
+    #: Set when it died before it was ready: when to start its replacement.
+    respawn_at: float | None = None
+
+    #: Readiness of its pipe, checked without building a selector each time (a
+    #: pipe's ``poll()`` does), which is a large share of a short task's cost here.
+    pipe: select.poll = field(default_factory=select.poll)
+
+    def __post_init__(self) -> None:
+        self.pipe.register(self.conn.fileno(), select.POLLIN)
+
+    @property
+    def usable(self) -> bool:
+        return self.ready and self.respawn_at is None
+
+    def readable(self) -> bool:
+        return bool(self.pipe.poll(0))
+
+    def receive(self) -> Any:
+        """Its next message if one has arrived, else None (also once its pipe closed)."""
+        try:
+            if self.readable():
+                return receive(self.conn)
+        except (EOFError, OSError):
+            pass
+        return None
+
+    def alive(self) -> bool:
+        """Whether the process runs (its sentinel, when it has one, says so cheaply)."""
+        sentinel = self.process.sentinel
+        if isinstance(sentinel, int):
+            try:
+                if not select.select([sentinel], [], [], 0)[0]:
+                    return True
+            except (OSError, ValueError):
+                pass
+        return bool(self.process.is_alive())
+
+
+class Children:
+    """A pool's processes, by slot: ``members[i]`` is replaced in place, so the pool's
+    loops can hold and index the list itself.
+
+    ``launch`` starts a process; ``ready_message`` tells whether a child's first
+    message says it is ready; ``closed_before_ready`` hears of a child whose pipe
+    closed before that (it died starting).
+    """
+
+    def __init__(
+        self,
+        launch: Callable[[], tuple[ProcessHandle, Connection]],
+        ready_message: Callable[[Child, Any], bool],
+        closed_before_ready: Callable[[Child], None],
+    ) -> None:
+        self._launch = launch
+        self._ready_message = ready_message
+        self._closed_before_ready = closed_before_ready
+        self.members: list[Child] = []
+        #: Recycled children on their way out, with the time to stop waiting for them.
+        self._retiring: list[tuple[ProcessHandle, float]] = []
+        #: Children in a row that died before they were ready.
+        self._startup_failures = 0
+
+    def start(self, count: int) -> None:
+        while len(self.members) < count:
+            self.members.append(self._spawn())
+
+    def _spawn(self) -> Child:
+        process, conn = self._launch()
+        return Child(process, conn)
+
+    def check_ready(self, child: Child) -> None:
+        """Mark ``child`` ready if it said so; schedule its replacement if it died first."""
+        try:
+            if child.conn.poll() and self._ready_message(child, receive(child.conn)):
+                child.ready = True
+                self._startup_failures = 0
+                return
+        except (EOFError, OSError):
+            self._closed_before_ready(child)
+        if child.process.is_alive():
+            return
+        child.process.join()
+        self._startup_failures += 1
+        delay = min(
+            STARTUP_RETRY_SECONDS * 2 ** (self._startup_failures - 1), STARTUP_RETRY_MAX_SECONDS
+        )
+        child.respawn_at = time.monotonic() + delay
+        log.error(
+            "dbworker: a handler process exited before it was ready (%s); starting another "
+            "in %.1fs",
+            describe_exit(child.process.exitcode),
+            delay,
+        )
+
+    def replace(self, index: int) -> None:
+        """Start a successor to the (dead or killed) child at ``index``."""
+        old = self.members[index]
+        old.conn.close()
+        old.process.join(0)
+        self.members[index] = self._spawn()
+
+    def kill(self, index: int) -> list[Task]:
+        """Kill the child at ``index`` (``replace`` it next); return the tasks it had
+        not started."""
+        child = self.members[index]
+        child.process.kill()
+        child.process.join()
+        rest = list(child.tasks)[1:]
+        child.tasks.clear()
+        return rest
+
+    def retire(self, index: int) -> None:
+        # Ask the child to exit and start its successor at once; waiting for the
+        # exit here would hold up the scheduler's loop (every worker's results,
+        # renewals and claims) for each recycled child: on every item under spawn.
+        child = self.members[index]
+        with contextlib.suppress(OSError):
+            send(child.conn, None)
+        child.conn.close()
+        self._retiring.append((child.process, time.monotonic() + EXIT_GRACE_SECONDS))
+        self.members[index] = self._spawn()
+
+    def reap(self) -> None:
+        """Collect recycled children that have exited; kill those past their grace."""
+        now = time.monotonic()
+        still: list[tuple[ProcessHandle, float]] = []
+        for process, deadline in self._retiring:
+            if process.is_alive() and now < deadline:
+                still.append((process, deadline))
+                continue
+            if process.is_alive():
+                process.kill()
+            process.join()
+        self._retiring = still
+
+    def shutdown(self) -> None:
+        """Tell idle children to exit, kill busy ones, and wait for all of them (idle
+        and retiring ones up to EXIT_GRACE_SECONDS, then killed)."""
+        for child in self.members:
+            with contextlib.suppress(OSError):
+                if not child.tasks:
+                    send(child.conn, None)
+                else:
+                    child.process.kill()
+        deadline = time.monotonic() + EXIT_GRACE_SECONDS
+        for child in self.members:
+            end(child.process, deadline - time.monotonic())
+            child.conn.close()
+        self.members.clear()
+        for process, _ in self._retiring:
+            end(process, deadline - time.monotonic())
+        self._retiring.clear()
