@@ -28,14 +28,31 @@ ALLOWED: dict[str, frozenset[str]] = {
     # scheduling loop or the executors, so the CLI and the dashboard stay read-side.
     "backlog": frozenset({"core", "dialects", "schema", "worker", "backlog"}),
     "registry": frozenset({"core", "dialects", "schema", "worker", "backlog", "registry"}),
-    "records_view": frozenset({"core", "dialects", "coordinator", "worker", "records_view"}),
-    # Metrics listen to events and read the coordinator's gauges; no SQL of their own.
+    "tables": frozenset({"core", "dialects", "preflight", "schema", "worker", "tables"}),
+    # The operator API (coordinator.operations): those reads, and the running
+    # scheduler's gauges (read, never driven).
+    "operations": frozenset(
+        {
+            "core",
+            "dialects",
+            "worker",
+            "records",
+            "backlog",
+            "registry",
+            "tables",
+            "scheduling",
+            "executors",
+            "operations",
+        }
+    ),
+    "records_view": frozenset({"operations", "records_view"}),
+    # Metrics listen to events and read the operator API's gauges; no SQL of their own.
     "metrics": frozenset({"core", "events", "coordinator", "metrics"}),
-    "overview": frozenset({"backlog", "registry", "coordinator", "worker", "overview"}),
-    # The dashboard reads what the CLI reads and resets through Worker: never the
-    # scheduler, dialects or executors directly.
+    "overview": frozenset({"core", "overview"}),
+    # The dashboard reads and resets through the operator API: never the scheduler,
+    # dialects or executors directly.
     "dashboard": frozenset(
-        {"core", "overview", "records_view", "registry", "coordinator", "worker", "dashboard"}
+        {"core", "overview", "records_view", "operations", "coordinator", "worker", "dashboard"}
     ),
     "wakeups": frozenset({"core", "dialects", "wakeups"}),
 }

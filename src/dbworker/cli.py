@@ -9,6 +9,7 @@ arguments, a bad reference or an unknown worker, 1 for any other error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.metadata
 import json
@@ -21,18 +22,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from .coordinator import Coordinator
 from .core.errors import ConfigurationError, DBWorkerError, UnknownWorkerError
-from .core.status import ExecutionStatus
 from .logs import LEVELS, logger
 from .logs import configure as configure_logging
 from .metrics import prometheus_metrics
-from .overview import duration_text, overview
-from .records_view import item_record
-from .registry import has_table, list_coordinators
+from .operations import Backlog, ItemRecord, RegisteredCoordinator
+from .overview import STATUS_COLUMNS, duration_text, status_name
+from .records_view import record_fields
 from .worker import Worker
 
 EXIT_OK = 0
@@ -43,12 +42,6 @@ EXIT_USAGE = 2
 APP_ENV = "DBWORKER_APP"
 #: The dashboard's access token when --token is not given.
 DASHBOARD_TOKEN_ENV = "DBWORKER_DASHBOARD_TOKEN"
-#: The name the command uses for records discovered but not claimed yet (``None`` in
-#: the API), as the demo does.
-NOT_CLAIMED = "pending"
-
-_STATUS_COLUMNS: list[ExecutionStatus | None] = [None, *ExecutionStatus]
-
 log = logger()
 
 
@@ -109,18 +102,7 @@ def _json(value: object) -> str:
 def _workers(coordinator: Coordinator, names: Sequence[str] | None) -> list[Worker]:
     """The named workers (all by default), refusing unknown names; their tables must
     exist (checked without creating an empty SQLite file on the way)."""
-    chosen = [coordinator.workers[name] for name in (names or coordinator.workers)]
-    coordinator._check_database_exists()
-    with coordinator.session_factory() as session:
-        existing = set(inspect(session.connection()).get_table_names())
-    missing = [w.execution_table.name for w in chosen if w.execution_table.name not in existing]
-    if missing:
-        where = make_url(coordinator.database_url).render_as_string(hide_password=True)
-        raise DBWorkerError(
-            f"the worker table(s) {', '.join(missing)} do not exist yet in {where}: "
-            "run `dbworker create-tables` (or your migrations) first"
-        )
-    return chosen
+    return coordinator.operations.check_tables(names or None)
 
 
 # -- commands ----------------------------------------------------------------------
@@ -185,30 +167,23 @@ _BACKLOG_FIELDS = ("waiting", "oldest_waiting_seconds", "running", "finished_las
 
 def _status_report(coordinator: Coordinator, args: argparse.Namespace) -> dict[str, Any]:
     workers = _workers(coordinator, args.worker)
-    registrations = [coordinator._registration(w.name) for w in workers]
-    with coordinator.session_factory() as session:
-        figures = overview(coordinator, session.connection(), registrations, live=args.live)
-        session.rollback()
-    report: dict[str, Any] = {}
-    for name, item in figures.items():
-        counts = item["counts"]
-        report[name] = {
-            **{_label(s): counts.get(_phase_value(s), 0) for s in _STATUS_COLUMNS},
-            **{field: item[field] for field in _BACKLOG_FIELDS},
-            "age_seconds": round(item["age"], 3),
-            "source": item["source"],
-        }
-    return report
+    figures = coordinator.operations.backlog([w.name for w in workers], live=args.live)
+    return {name: _status_fields(item) for name, item in figures.items()}
 
 
-def _phase_value(status: ExecutionStatus | None) -> str:
-    return "pending" if status is None else status.value
+def _status_fields(item: Backlog) -> dict[str, Any]:
+    return {
+        **{status_name(s): item.counts.get(s, 0) for s in STATUS_COLUMNS},
+        **{field: getattr(item, field) for field in _BACKLOG_FIELDS},
+        "age_seconds": round(item.age, 3),
+        "source": "cache" if item.cached else "live",
+    }
 
 
 def _render_status(report: dict[str, Any]) -> str:
     headers = [
         "worker",
-        *(_label(s) for s in _STATUS_COLUMNS),
+        *(status_name(s) for s in STATUS_COLUMNS),
         "waiting",
         "oldest",
         "running",
@@ -217,7 +192,7 @@ def _render_status(report: dict[str, Any]) -> str:
     rows = [
         [
             name,
-            *(item[_label(s)] for s in _STATUS_COLUMNS),
+            *(item[status_name(s)] for s in STATUS_COLUMNS),
             "-" if item["waiting"] is None else item["waiting"],
             duration_text(item["oldest_waiting_seconds"]),
             item["running"],
@@ -259,23 +234,18 @@ def cmd_status(coordinator: Coordinator, args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-def _label(status: ExecutionStatus | None) -> str:
-    return NOT_CLAIMED if status is None else status.value
-
-
 def cmd_show(coordinator: Coordinator, args: argparse.Namespace) -> int:
     _workers(coordinator, [args.worker])  # known, and its table exists
-    registration = coordinator._registration(args.worker)
+    operations = coordinator.operations
     try:
-        source_id = registration.source_id_from_text(args.id)
+        source_id = operations.source_id(args.worker, args.id)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
-    with coordinator.session_factory() as session:
-        record = item_record(coordinator, session.connection(), registration, source_id)
-        session.rollback()
-    if record is None:
+    found: ItemRecord | None = operations.record(args.worker, source_id)
+    if found is None:
         print(f"dbworker: worker {args.worker} has no record of {source_id!r}", file=sys.stderr)
         return EXIT_ERROR
+    record = record_fields(found)
     if args.json:
         print(_json(record))
         return EXIT_OK
@@ -289,30 +259,20 @@ def cmd_show(coordinator: Coordinator, args: argparse.Namespace) -> int:
 
 
 def cmd_coordinators(coordinator: Coordinator, args: argparse.Namespace) -> int:
-    coordinator._check_database_exists()
-    table = coordinator._registry_table()
-    with coordinator.session_factory() as session:
-        conn = session.connection()
-        if not has_table(conn, table):
-            raise DBWorkerError(
-                f"the table {table.name} does not exist yet: run `dbworker create-tables` "
-                "(or your migrations) first"
-            )
-        found = list_coordinators(conn, coordinator._dialect, table, coordinator._registry_timing)
-        session.rollback()
+    found = coordinator.operations.coordinators()
     if args.json:
-        print(_json(found))
+        print(_json([_coordinator_fields(item) for item in found]))
         return EXIT_OK
     rows = [
         [
-            item["id"][:8],
-            item["host"],
-            item["pid"],
-            item["version"],
-            ", ".join(f"{w['name']}x{w['concurrency']} {w['executor']}" for w in item["workers"]),
-            duration_text(item["uptime"]),
-            f"{item['heartbeat_age']:.0f}s ago",
-            "STALE" if item["stale"] else "live",
+            item.id[:8],
+            item.host,
+            item.pid,
+            item.version,
+            ", ".join(f"{w.name}x{w.concurrency} {w.executor}" for w in item.workers),
+            duration_text(item.uptime),
+            f"{item.heartbeat_age:.0f}s ago",
+            "live" if item.alive else "STALE",
         ]
         for item in found
     ]
@@ -321,13 +281,21 @@ def cmd_coordinators(coordinator: Coordinator, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _coordinator_fields(item: RegisteredCoordinator) -> dict[str, Any]:
+    """A registry row as ``coordinators --json`` prints it."""
+    fields = dataclasses.asdict(item)
+    alive = fields.pop("alive")
+    return {**fields, "stale": not alive}
+
+
 def cmd_failed(coordinator: Coordinator, args: argparse.Namespace) -> int:
     items: list[dict[str, Any]] = []
     workers = _workers(coordinator, args.worker)
-    with coordinator.session_factory() as session:
-        for worker in workers:
-            for item in worker.failed(session, args.limit):
-                items.append({"worker": worker.name, **item})
+    for worker in workers:
+        for failed in coordinator.operations.failed_items(worker.name, args.limit):
+            fields = dataclasses.asdict(failed)
+            del fields["traceback"]  # not read: the list shows one line of each error
+            items.append({"worker": worker.name, **fields})
     if args.json:
         print(_json(items))
     else:
@@ -345,21 +313,18 @@ def _one_line(text: str | None, width: int = 100) -> str:
 
 
 def cmd_retry(coordinator: Coordinator, args: argparse.Namespace) -> int:
-    [worker] = _workers(coordinator, [args.worker])
+    _workers(coordinator, [args.worker])
     if not args.all and not args.ids:
         raise UsageError("name the ids to retry, or --all")
-    with coordinator.session_factory() as session:
-        if args.all:
-            ids = [item["source_id"] for item in worker.failed(session)]
-        else:
-            parse = coordinator._registration(args.worker).source_id_from_text
-            try:
-                ids = [parse(text) for text in args.ids]
-            except ConfigurationError as exc:
-                raise UsageError(str(exc)) from None
-        reset = [source_id for source_id in ids if worker.reset_failed(session, source_id)]
-        session.commit()
-    skipped = [source_id for source_id in ids if source_id not in reset]
+    operations = coordinator.operations
+    ids: list[Any] | None = None
+    if not args.all:
+        try:
+            ids = [operations.source_id(args.worker, text) for text in args.ids]
+        except ConfigurationError as exc:
+            raise UsageError(str(exc)) from None
+    reset = operations.retry_failed(args.worker, ids)
+    skipped = [source_id for source_id in ids or () if source_id not in reset]
     if args.json:
         print(_json({"reset": reset, "not_failed": skipped}))
     else:

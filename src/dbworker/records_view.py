@@ -1,52 +1,20 @@
-"""One execution record as operators read it (``dbworker show``, the dashboard): every
-stored field but the token, times as UTC datetimes, and its history as a timeline."""
+"""One execution record as operators read it (``dbworker show``, the dashboard): its
+fields in the order they are shown, and its history as a timeline."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from typing import Any
 
-from sqlalchemy import Connection, select
-
-from .dialects.base import epoch_to_datetime
-
-if TYPE_CHECKING:
-    from .coordinator import Coordinator
-    from .worker import Registration
-
-_TIMES = (
-    "discovered_at",
-    "claimed_at",
-    "not_before",
-    "lease_expires_at",
-    "finished_at",
-    "updated_at",
-)
+from .operations import ItemRecord
 
 
-def item_record(
-    coordinator: Coordinator, conn: Connection, worker: Registration, source_id: Any
-) -> dict[str, Any] | None:
-    """The record of ``source_id`` (None if the worker has none); ``status`` is
-    ``pending`` for a row discovered but never claimed."""
-    table = worker.table.table
-    row = conn.execute(select(table).where(table.c.source_id == source_id)).mappings().first()
-    if row is None:
-        return None
-    owner = None if row["owner_host"] is None else f"{row['owner_host']} pid {row['owner_pid']}"
-    record: dict[str, Any] = {
-        "worker": worker.name,
-        "source_id": row["source_id"],
-        "status": row["status"],
-        "attempts": row["attempts"],
-        "failures": row["failures"],
-        "crashes": row["crashes"],
-        "owner": owner,
-        **{name: epoch_to_datetime(row[name]) for name in _TIMES},
-        "error_type": row["error_type"],
-        "error": row["error"],
-        "traceback": row["traceback"],
-    }
-    return record
+def record_fields(record: ItemRecord) -> dict[str, Any]:
+    """The record's fields in order, the owner as ``host pid N``."""
+    fields = dataclasses.asdict(record)
+    owner = record.owner
+    fields["owner"] = None if owner is None else f"{owner['host']} pid {owner['pid']}"
+    return fields
 
 
 def history(record: dict[str, Any]) -> list[tuple[Any, str]]:
