@@ -173,7 +173,7 @@ def timed(step: Callable[[], Any]) -> float:
 def measure_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     from starlette.testclient import TestClient
 
-    from dbworker.dashboard import create_app
+    from dbworker.operator.dashboard import create_app
 
     with scratch_database(backend, "obs") as url:
         coordinator, engine = coordinator_for(url)
@@ -251,7 +251,7 @@ def measure_events(count: int) -> dict[str, Any]:
     """The scheduler's cost of reporting one event per item: none vs the Prometheus listener."""
     from prometheus_client import CollectorRegistry
 
-    from dbworker.metrics import PrometheusMetrics
+    from dbworker import PrometheusMetrics
 
     events = Events()
     event = Event(EventKind.FINISHED, "orders", 1, 1, duration=0.01, latency=0.001)

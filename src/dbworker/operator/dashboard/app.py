@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ..core.errors import ConfigurationError
-from ..operations import Backlog
-from ..overview import duration_text, status_name
-from ..records_view import history, record_fields
+from ...core.errors import ConfigurationError
+from ...operations import Backlog
+from ..display import duration_text, history, record_fields, status_name
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -21,8 +20,8 @@ if TYPE_CHECKING:
     from starlette.responses import Response
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from ..coordinator import Coordinator
-    from ..worker import Worker
+    from ...coordinator import Coordinator
+    from ...worker import Worker
 
 #: Host names that reach only this machine.
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})

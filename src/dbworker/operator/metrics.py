@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .core.errors import ConfigurationError
-from .events import Event, EventKind
+from ..core.errors import ConfigurationError
+from ..events import Event, EventKind
 
 if TYPE_CHECKING:
-    from .coordinator import Coordinator
+    from ..coordinator import Coordinator
 
 #: Histogram buckets (seconds): from a fast handler to a long one.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)

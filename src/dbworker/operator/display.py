@@ -1,16 +1,39 @@
-"""One execution record as operators read it (``dbworker show``, the dashboard): its
-fields in the order they are shown, and its history as a timeline."""
+"""Figures and records as people read them, in ``dbworker`` and the dashboard alike:
+ages and periods, status names, and one execution record's fields and history."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from .operations import ItemRecord
+from ..core.status import ExecutionStatus
+from ..operations import ItemRecord
+
+
+def duration_text(seconds: float | None) -> str:
+    """An age or a period for people: 42s, 15m, 3.5h; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+#: What the command and the dashboard call records discovered but not claimed yet
+#: (``None`` in the API), as the demo does.
+NOT_CLAIMED = "pending"
+#: The status columns, in the order they are shown.
+STATUS_COLUMNS: tuple[ExecutionStatus | None, ...] = (None, *ExecutionStatus)
+
+
+def status_name(status: ExecutionStatus | None) -> str:
+    return NOT_CLAIMED if status is None else status.value
 
 
 def record_fields(record: ItemRecord) -> dict[str, Any]:
-    """The record's fields in order, the owner as ``host pid N``."""
+    """The record's fields in the order they are shown, the owner as ``host pid N``."""
     fields = dataclasses.asdict(record)
     owner = record.owner
     fields["owner"] = None if owner is None else f"{owner['host']} pid {owner['pid']}"
