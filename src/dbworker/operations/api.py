@@ -86,7 +86,9 @@ class Operations:
                 host=row["host"],
                 pid=row["pid"],
                 version=row["version"],
-                workers=tuple(ServedWorker(**worker) for worker in row["workers"]),
+                workers=tuple(
+                    ServedWorker(w["name"], w["concurrency"], w["executor"]) for w in row["workers"]
+                ),
                 database=row["database"],
                 started_at=row["started_at"],
                 heartbeat_at=row["heartbeat_at"],
