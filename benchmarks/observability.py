@@ -30,6 +30,7 @@ Run: ``python -m benchmarks.observability --help``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import random
 import time
@@ -41,8 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy import Boolean, DateTime, Integer, String, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from dbworker import Coordinator, Event, EventKind, Events, Finished
-from dbworker.overview import overview
+from dbworker import Coordinator, Event, EventKind, Events, ExecutionStatus, Finished
 from dbworker.registry import Heartbeat
 
 from ._common import (
@@ -173,7 +173,7 @@ def timed(step: Callable[[], Any]) -> float:
 def measure_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     from starlette.testclient import TestClient
 
-    from dbworker.dashboard import create_app
+    from dbworker.operator.dashboard import create_app
 
     with scratch_database(backend, "obs") as url:
         coordinator, engine = coordinator_for(url)
@@ -197,8 +197,7 @@ def measure_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 
         def status(live: bool) -> Callable[[], Any]:
             def run() -> Any:
-                with coordinator.session_factory() as session:
-                    return overview(coordinator, session.connection(), [worker], live=live)
+                return coordinator.operations.backlog("orders", live=live)
 
             return run
 
@@ -219,8 +218,8 @@ def measure_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
         }
         # Check the figures once: what is measured must be what users see.
         figures = status(True)()["orders"]
-        assert figures["waiting"] == 2 * args.open, figures
-        assert figures["counts"]["finished"] == args.rows, figures
+        assert figures.waiting == 2 * args.open, figures
+        assert figures.counts[ExecutionStatus.FINISHED] == args.rows, figures
         samples: dict[str, list[float]] = {name: [] for name in steps}
         for step in steps.values():  # warm-up: plans, caches, imports
             step()
@@ -240,7 +239,10 @@ def measure_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
             "load_seconds": round(load_seconds, 1),
             "rows": args.rows,
             "timings": result,
-            "figures": {k: v for k, v in figures.items() if k != "history"},
+            "figures": {
+                **{k: v for k, v in dataclasses.asdict(figures).items() if k != "history"},
+                "counts": {str(s or "pending"): n for s, n in figures.counts.items()},
+            },
             "under_target": {n: result[n]["p95_ms"] < TARGET_MS for n in answered},
         }
 
@@ -249,7 +251,7 @@ def measure_events(count: int) -> dict[str, Any]:
     """The scheduler's cost of reporting one event per item: none vs the Prometheus listener."""
     from prometheus_client import CollectorRegistry
 
-    from dbworker.metrics import PrometheusMetrics
+    from dbworker import PrometheusMetrics
 
     events = Events()
     event = Event(EventKind.FINISHED, "orders", 1, 1, duration=0.01, latency=0.001)

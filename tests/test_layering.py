@@ -1,5 +1,6 @@
 """The package layering, checked on the source: core <- dialects <- invocation;
-core <- executors; everything <- coordinator <- CLI (docs/internals.md).
+core <- executors; everything <- coordinator <- operator (the CLI, the dashboard and
+the metrics; docs/internals.md).
 
 Every import counts, including those only made for type checking: an executor
 that names a dialect in an annotation already knows about dialects.
@@ -29,14 +30,27 @@ ALLOWED: dict[str, frozenset[str]] = {
     # scheduling loop or the executors, so the CLI and the dashboard stay read-side.
     "backlog": frozenset({"core", "dialects", "schema", "worker", "backlog"}),
     "registry": frozenset({"core", "dialects", "schema", "worker", "backlog", "registry"}),
-    "records_view": frozenset({"core", "dialects", "coordinator", "worker", "records_view"}),
-    # Metrics listen to events and read the coordinator's gauges; no SQL of their own.
-    "metrics": frozenset({"core", "events", "coordinator", "metrics"}),
-    "overview": frozenset({"backlog", "registry", "coordinator", "worker", "overview"}),
-    # The dashboard reads what the CLI reads and resets through Worker: never the
-    # scheduler, dialects or executors directly.
-    "dashboard": frozenset(
-        {"core", "overview", "records_view", "registry", "coordinator", "worker", "dashboard"}
+    "tables": frozenset({"core", "dialects", "preflight", "schema", "worker", "tables"}),
+    # The operator API (coordinator.operations): those reads, and the running
+    # scheduler's gauges (read, never driven).
+    "operations": frozenset(
+        {
+            "core",
+            "dialects",
+            "worker",
+            "records",
+            "backlog",
+            "registry",
+            "tables",
+            "scheduling",
+            "executors",
+            "operations",
+        }
+    ),
+    # What operators run (the command, the dashboard, the metrics): the operator API
+    # and public names, never the scheduler, dialects, executors or tables directly.
+    "operator": frozenset(
+        {"core", "events", "logs", "coordinator", "operations", "worker", "registry", "operator"}
     ),
     "wakeups": frozenset({"core", "dialects", "wakeups"}),
 }
@@ -104,6 +118,44 @@ def test_the_module_respects_the_layering(module: str, path: Path) -> None:
 def test_every_layer_has_modules() -> None:
     layers = {module.split(".")[1] for module, _ in modules() if "." in module}
     assert set(ALLOWED) <= layers
+
+
+#: Modules outside the operator package that may import it: the public API's
+#: re-exports (the metrics) and ``python -m dbworker``.
+OPERATOR_IMPORTERS = frozenset({"dbworker", "dbworker.__main__"})
+
+
+def imports_the_operator(source: str, module: str, is_package: bool = False) -> list[str]:
+    """The imports of the operator package by ``module``: the coordinator's side must
+    not depend on what operators run on top of it."""
+    if module in OPERATOR_IMPORTERS or module.split(".")[1:2] == ["operator"]:
+        return []
+    return [
+        f"{module} imports {name}"
+        for name in imported_modules(source, module, is_package)
+        if name == "dbworker.operator" or name.startswith("dbworker.operator.")
+    ]
+
+
+@pytest.mark.parametrize(("module", "path"), modules(), ids=[m for m, _ in modules()])
+def test_only_the_public_api_imports_the_operator_package(module: str, path: Path) -> None:
+    assert imports_the_operator(path.read_text(), module, path.name == "__init__.py") == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("dbworker.coordinator", "from .operator.metrics import PrometheusMetrics\n"),
+        ("dbworker.operations.api", "from ..operator import display\n"),
+        ("dbworker.registry", "import dbworker.operator.cli\n"),
+        (
+            "dbworker.tables",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import operator\n",
+        ),
+    ],
+)
+def test_an_import_of_the_operator_is_caught(module: str, source: str) -> None:
+    assert imports_the_operator(source, module), f"{source!r} in {module} went unnoticed"
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,22 @@ from .drain import DrainedItem, DrainReport
 from .events import Event, EventKind, Events
 from .executors import Inline, Pool, SpawnPerTask, Subprocess
 from .health import Health
-from .metrics import PrometheusMetrics, prometheus_metrics
+from .operations import (
+    Backlog,
+    FailedRecord,
+    ItemRecord,
+    LiveGauges,
+    Operations,
+    RegisteredCoordinator,
+    ServedWorker,
+    WorkerLoad,
+)
+from .operator.metrics import PrometheusMetrics, prometheus_metrics
 from .records import ExecutionState, FailedItem
 from .worker import Worker
 
 __all__ = [
+    "Backlog",
     "ConfigurationError",
     "Coordinator",
     "DBWorkerError",
@@ -32,20 +43,27 @@ __all__ = [
     "ExecutionState",
     "ExecutionStatus",
     "FailedItem",
+    "FailedRecord",
     "Finished",
     "HandlerContractError",
     "HandlerTimeout",
     "Health",
     "Inline",
+    "ItemRecord",
+    "LiveGauges",
+    "Operations",
     "Outcome",
     "Pool",
     "PrometheusMetrics",
+    "RegisteredCoordinator",
     "RetryPolicy",
+    "ServedWorker",
     "SpawnPerTask",
     "Subprocess",
     "Unfinished",
     "UnknownWorkerError",
     "Worker",
     "WorkerCrashed",
+    "WorkerLoad",
     "prometheus_metrics",
 ]

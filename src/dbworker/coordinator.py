@@ -3,50 +3,50 @@
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Table, create_engine, inspect
+from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from .core.errors import ConfigurationError, DBWorkerError, UnknownWorkerError
-from .core.names import check_portable_length, table_name, validate_worker_name
+from .core.errors import ConfigurationError, DBWorkerError
 from .core.outcomes import Outcome
 from .core.status import ExecutionStatus
-from .core.timing import PollBackoff, RetryPolicy, Timings, require_positive
+from .core.timing import PollBackoff, RetryPolicy, Timings
 from .dialects import Dialect, Owner, for_url
 from .drain import DEFAULT_MAX_INVOCATIONS, DrainReport, drain
 from .events import Events
 from .executors import Executor, ExecutorChoice
 from .executors import resolve as resolve_executor
+from .forkserver import preload_forkserver
 from .health import Health
 from .invocation import ChildConfig, ProcessRunner
 from .logs import logger
+from .operations import Operations
 from .preflight import (
     check_driver,
     check_main_guard,
     check_sync_handler,
     check_sync_session_factory,
-    missing_sqlite_file,
     resolve_sqlite_path,
 )
 from .registry import Heartbeat, Timing, banner, start_heartbeat
 from .scheduling import Scheduler, WorkerState
-from .schema import PRELOAD_MODULES, coordinators_table, expected_columns
-from .wakeups import SessionHook, Wakeups, Watched, trigger_ddl, watched
-from .wakeups.local import Sender
-from .wakeups.targets import by_table
+from .schema import coordinators_table
+from .tables import WorkerTables
+from .wake_wiring import WakeWiring
+from .wakeups import Wakeups, Watched
 from .worker import (
     DEFAULT_MAX_CRASHES,
     Eligible,
+    RegisteredWorkers,
     Registration,
     Worker,
-    check_concurrency,
     check_importable,
+    check_options,
     check_picklable,
     source_mapper,
 )
@@ -100,8 +100,9 @@ class Coordinator:
         #: As given, for messages; ``_url`` is what every engine connects to.
         self._given_url = given
         self._url = resolve_sqlite_path(given)
-        self._check_same_database()
         self._workers: dict[str, Registration] = {}
+        self._tables = WorkerTables(session_factory, self._dialect, self._url, given, self._workers)
+        self._tables.check_same_database()
         self._lock = threading.Lock()
         self._scheduler: Scheduler | None = None
         self._stopped = False
@@ -115,12 +116,17 @@ class Coordinator:
         #: Whether commits wake coordinators (NOTIFY, the local channel); polling
         #: alone finds the work when False.
         self.notifications = notifications
-        self._watch: tuple[tuple[str, ...], dict[Table, frozenset[str]]] | None = None
-        self._sender = Sender(self._dialect.identity(self._url))
-        self._hook = (
-            SessionHook(session_factory, self._wake_targets, self._sender)
-            if notifications
-            else None
+        self._wake_wiring = WakeWiring(
+            session_factory, self._dialect, self._url, self._workers, notifications
+        )
+        self._operations = Operations(
+            session_factory=session_factory,
+            dialect=self._dialect,
+            workers=RegisteredWorkers(self._workers),
+            tables=self._tables,
+            registry_timing=lambda: self._registry_timing,
+            scheduler=lambda: self._scheduler,
+            heartbeat=lambda: self._heartbeat,
         )
 
     @property
@@ -131,7 +137,14 @@ class Coordinator:
     def workers(self) -> Mapping[str, Worker]:
         """Registered workers by name (read-only); an unknown name raises
         UnknownWorkerError (a KeyError) naming the registered ones."""
-        return _Workers(self._workers)
+        return RegisteredWorkers(self._workers)
+
+    @property
+    def operations(self) -> Operations:
+        """What an operator needs to watch and steer the workers: the coordinators
+        registered in the database, backlogs, failed items and their retry, and this
+        coordinator's live gauges (``dbworker.Operations``)."""
+        return self._operations
 
     @property
     def events(self) -> Events:
@@ -171,24 +184,7 @@ class Coordinator:
 
         The function is returned unchanged, so it stays callable in unit tests.
         """
-        sql_dialect = self._url.get_dialect()
-        # The longest derived name is an index's; MySQL limits those to 64 characters
-        # while SQLAlchemy reports its (alias) identifier limit as 255.
-        limits = (sql_dialect.max_identifier_length, sql_dialect.max_index_name_length)
-        max_length = min((n for n in limits if n), default=63)
-        validate_worker_name(name, max_length)
-        check_portable_length(name)
-        check_concurrency(concurrency)
-        if eligible is not None and not callable(eligible):
-            raise ConfigurationError(
-                "eligible must be a callable returning a select(...) statement"
-            )
-        if timeout is not None:
-            require_positive("timeout", timeout)
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ConfigurationError(f"retry must be a RetryPolicy, got {retry!r}")
-        if isinstance(max_crashes, bool) or not isinstance(max_crashes, int) or max_crashes < 1:
-            raise ConfigurationError(f"max_crashes must be an int >= 1, got {max_crashes!r}")
+        check_options(self._url, name, eligible, concurrency, timeout, retry, max_crashes)
         chosen = self._executor_choice if executor is None else resolve_executor(executor)
         with self._lock:
             self._check_not_started("register a worker")
@@ -226,7 +222,7 @@ class Coordinator:
         return register
 
     def _registration(self, name: str) -> Registration:
-        return _Workers(self._workers).registration(name)
+        return RegisteredWorkers(self._workers).registration(name)
 
     def _check_not_started(self, action: str) -> None:
         if self._stopped:
@@ -236,93 +232,16 @@ class Coordinator:
         if self._scheduler is not None:
             raise ConfigurationError(f"cannot {action} after start()")
 
-    def _check_database_exists(self) -> None:
-        # Connecting would create an empty SQLite file, and the error that follows
-        # (no tables) would not say where it looked. Only for a session factory bound
-        # to an engine, known to be database_url's database: another factory may
-        # point elsewhere, which _check_tables reports as such.
-        if self._bound_engine() is None:
-            return
-        missing = missing_sqlite_file(self._url, self._given_url)
-        if missing is not None:
-            raise ConfigurationError(
-                f"{missing}; create it with coordinator.create_worker_tables() "
-                "(dbworker create-tables) or point database_url at the application's file"
-            )
-
     # -- tables ------------------------------------------------------------------------
 
     def create_worker_tables(self) -> None:
         """Create the execution tables of all registered workers (idempotent), and
         check that tables which already exist have the shape this version expects."""
-        if not self._workers:
-            raise ConfigurationError("register workers before create_worker_tables()")
-        with self.session_factory() as session:
-            bind = session.connection()
-            tables = [w.table.table for w in self._workers.values()]
-            for table in [*tables, self._registry_table()]:
-                table.create(bind, checkfirst=True)
-            session.commit()
-            self._check_tables(session)
+        self._tables.create()
 
     def _registry_table(self) -> Table:
         """The coordinator registry, in the first worker's source MetaData."""
-        first = next(iter(self._workers.values()))
-        return coordinators_table(first.table.table.metadata)
-
-    def _check_tables(self, session: Session, engine: Engine | None = None) -> None:
-        """Check the worker tables through the session factory and, with ``engine``,
-        through ``database_url`` too (which child processes and the scheduler use)."""
-        inspector = inspect(session.connection())
-        for worker in self._workers.values():
-            name = table_name(worker.name)
-            if not inspector.has_table(name):
-                raise ConfigurationError(
-                    f"the table {name} of worker {worker.name!r} does not exist; call "
-                    "coordinator.create_worker_tables() (or run your migrations) first"
-                )
-            present = {c["name"] for c in inspector.get_columns(name)}
-            missing = sorted(expected_columns() - present)
-            if missing:
-                raise ConfigurationError(
-                    f"the table {name} of worker {worker.name!r} has an older or different "
-                    f"shape: missing columns {', '.join(missing)}"
-                )
-        if engine is None:
-            return
-        # End the session's transaction first: on SQLite an application engine that
-        # begins IMMEDIATE holds the write lock, and the check below would wait on it.
-        session.rollback()
-        with engine.connect() as conn:
-            missing_here = [
-                table_name(w.name)
-                for w in self._workers.values()
-                if not inspect(conn).has_table(table_name(w.name))
-            ]
-        if missing_here:
-            raise ConfigurationError(
-                f"database_url ({self._url.render_as_string()}) has no table "
-                f"{', '.join(missing_here)}, which the session factory's database has: "
-                "they point at different databases"
-            )
-
-    def _bound_engine(self) -> Engine | None:
-        kw = getattr(self.session_factory, "kw", {})
-        bind = kw.get("bind") if isinstance(kw, Mapping) else None
-        return bind if isinstance(bind, Engine) else None
-
-    def _check_same_database(self) -> None:
-        bind = self._bound_engine()
-        if bind is None:
-            return
-        ours, theirs = self._url, bind.url
-        if theirs.get_backend_name() not in self._dialect.backend_names or not (
-            self._dialect.same_database(ours, theirs)
-        ):
-            raise ConfigurationError(
-                f"database_url ({ours.render_as_string()}) and the session factory's engine "
-                f"({theirs.render_as_string()}) point at different databases"
-            )
+        return self._tables.registry()
 
     # -- running -------------------------------------------------------------------------
 
@@ -337,13 +256,13 @@ class Coordinator:
             for worker in self._workers.values():
                 check_picklable(worker.name, worker.handler)
                 worker.eligible_query()
-            self._check_database_exists()
+            self._tables.check_database_exists()
             engine = self._coordination_engine()
             states: list[WorkerState] = []
             try:
                 with self.session_factory() as session:
-                    self._check_tables(session, engine)
-                self._preload_forkserver()
+                    self._tables.check(session, engine)
+                preload_forkserver(self._url, self._workers.values())
                 runner = self._runner()
                 timings = self._timings
                 for worker in self._workers.values():
@@ -395,63 +314,17 @@ class Coordinator:
     # -- wake-ups ------------------------------------------------------------------------
 
     def _watched(self) -> list[Watched]:
-        return [
-            watched(w.name, w.table.source_pk.table, w.eligible_query)
-            for w in list(self._workers.values())
-        ]
-
-    def _wake_targets(self) -> dict[Table, frozenset[str]]:
-        """The channels each table's writes wake, rebuilt when a worker registers (the
-        application's flushes ask; usually long after registration is over)."""
-        names = tuple(self._workers)
-        cached = self._watch
-        if cached is None or cached[0] != names:
-            cached = self._watch = (names, by_table(self._watched()))
-        return cached[1]
+        return self._wake_wiring.watched()
 
     def _wakeups(self, engine: Engine) -> Wakeups | None:
-        if self._hook is not None and not self._hook.installed:
-            log.info(
-                "coordinator: session_factory is not a sessionmaker, so its commits "
-                "cannot announce new work; this coordinator is still woken by others"
-            )
-        if not self.notifications:
-            log.info(
-                "coordinator: wake-ups off (notifications=False); new work is found by "
-                "polling every %ss to %ss",
-                self._timings.poll_seconds,
-                self._timings.max_poll_seconds,
-            )
-            return None
-        return Wakeups(
-            engine,
-            self._watched(),
-            notify=self._dialect.supports_notify,
-            identity=self._dialect.identity(self._url),
-            sender=self._sender,
-        )
+        return self._wake_wiring.listener(engine, self._timings)
 
     def notify_trigger_sql(self, worker: str) -> list[str]:
         """PostgreSQL DDL for an opt-in trigger that wakes ``worker`` on any write to the
         tables its ``eligible`` reads (its source included), by whomever: raw SQL,
         another service, a bulk load. Run it in a migration (``op.execute``) or with
         ``create_notify_triggers()``. See docs/databases.md for what NOTIFY costs."""
-        registration = self._registration(worker)
-        if not self._dialect.supports_notify:
-            raise ConfigurationError(
-                f"notification triggers need PostgreSQL; {self._url.get_backend_name()} "
-                "has no NOTIFY (writes through the session factory still wake workers on "
-                "this host, and polling finds the rest)"
-            )
-        (found,) = [w for w in self._watched() if w.name == registration.name]
-        statements: list[str] = []
-        own = {table_name(name) for name in self._workers}
-        for table in sorted(found.tables, key=lambda t: t.fullname):
-            if table.name not in own:  # dbworker's tables: completions announce themselves
-                statements += trigger_ddl(table, found.channel)
-        # The shared function is created once, before the triggers that call it.
-        first = statements[0]
-        return [first, *[s for s in statements if s != first]]
+        return self._wake_wiring.trigger_sql(self._registration(worker))
 
     def create_notify_triggers(self, workers: Iterable[str] | None = None) -> None:
         """Create ``notify_trigger_sql``'s triggers for ``workers`` (default: all)."""
@@ -461,26 +334,6 @@ class Coordinator:
                 for statement in self.notify_trigger_sql(name):
                     conn.exec_driver_sql(statement)
             session.commit()
-
-    def _preload_forkserver(self) -> None:
-        # Handler processes fork from multiprocessing's fork server: modules it has
-        # imported are ready in every child at no cost (it only takes effect before
-        # the fork server starts, i.e. for the first coordinator of a process).
-        sql_dialect = self._url.get_dialect()
-        # What a handler process imports before its first task: the runner's modules,
-        # what the execution table's definition loads, and the database driver (the
-        # slowest import of all).
-        modules = {
-            ProcessRunner.__module__,
-            *PRELOAD_MODULES,
-            sql_dialect.__module__,
-            sql_dialect.import_dbapi().__name__,
-        }
-        for worker in self._workers.values():
-            modules |= {worker.handler.__module__, worker.source.__module__}
-        modules.discard("__main__")
-        log.debug("fork server preloads %s", ", ".join(sorted(modules)))
-        multiprocessing.set_forkserver_preload(["__main__", *sorted(modules)])
 
     def _runner(self) -> ProcessRunner:
         """What runs in each handler process (the executors start it there)."""
@@ -513,9 +366,9 @@ class Coordinator:
             chosen = [self._registration(name) for name in (workers or self._workers)]
             for worker in chosen:
                 worker.eligible_query()
-            self._check_database_exists()
+            self._tables.check_database_exists()
             with self.session_factory() as session:
-                self._check_tables(session)
+                self._tables.check(session)
         engine = self._coordination_engine()
         runner = self._runner()
         try:
@@ -590,29 +443,6 @@ class Coordinator:
             return Health()
         return Health.of(self._scheduler.health)
 
-    def _live_counts(self) -> dict[str, tuple[int, int]]:
-        """Per worker: (handlers running, claims held), read from another thread (a
-        metrics scrape) while the scheduler changes them, so by copies."""
-        scheduler = self._scheduler
-        if scheduler is None:
-            return {}
-        counts = {}
-        for name, state in scheduler.states.items():
-            for _ in range(3):  # the scheduler resized the dict mid-copy: copy again
-                try:
-                    held = list(state.held.items())
-                    break
-                except RuntimeError:
-                    held = []
-            executor = state.executor
-            running = sum(_has_started(executor, (name, key, h.token)) for key, h in held)
-            counts[name] = (running, len(held))
-        return counts
-
-    def _cached_stats(self) -> tuple[dict[str, Any], float] | None:
-        heartbeat = self._heartbeat
-        return None if heartbeat is None else heartbeat.latest
-
     def __enter__(self) -> Coordinator:
         self.start()
         return self
@@ -636,43 +466,6 @@ class Coordinator:
         Use it in ``where()``, including inside another worker's ``eligible``.
         """
         return self._registration(worker).has_status(source_id, statuses)
-
-
-class _Workers(Mapping[str, Worker]):
-    """A read-only view of the registered workers whose misses say what is registered."""
-
-    def __init__(self, workers: Mapping[str, Registration]) -> None:
-        self._workers = workers
-
-    def __getitem__(self, name: str) -> Worker:
-        return Worker(self.registration(name))
-
-    def registration(self, name: str) -> Registration:
-        try:
-            return self._workers[name]
-        except (KeyError, TypeError):
-            known = ", ".join(sorted(self._workers)) or "none"
-            raise UnknownWorkerError(
-                f"no worker named {name!r} is registered (registered: {known})"
-            ) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._workers)
-
-    def __len__(self) -> int:
-        return len(self._workers)
-
-    def __repr__(self) -> str:
-        return f"<workers {sorted(self._workers)}>"
-
-
-def _has_started(executor: Executor, key: tuple[str, Any, int]) -> bool:
-    # Executors are the scheduling thread's: a task ending mid-read (its queue
-    # emptied between a length check and an index) only means it is not running.
-    try:
-        return executor.started(key) is not None
-    except (IndexError, RuntimeError, KeyError):
-        return False
 
 
 def _pid() -> int:

@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 from .core.status import ExecutionStatus
 
 
-class Owner(TypedDict):
+class ClaimOwner(TypedDict):
     """The coordinator that made the last claim."""
 
     host: str
@@ -42,7 +42,7 @@ class ExecutionState(TypedDict):
     claimed_at: datetime | None
     finished_at: datetime | None
     updated_at: datetime | None
-    owner: Owner | None
+    owner: ClaimOwner | None
 
 
 class FailedItem(TypedDict):

@@ -1,25 +1,28 @@
 """A registered worker: its handler, its source, its eligibility rule and its table.
 
 ``Registration`` is what the coordinator, the scheduler and ``drain`` work with;
-``Worker`` is the read-only view users get from ``coordinator.workers[name]``.
+``Worker`` is the read-only view users get from ``coordinator.workers[name]``, and
+``RegisteredWorkers`` that mapping.
 """
 
 from __future__ import annotations
 
 import inspect as pyinspect
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Integer, Select, Table, inspect, select
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Mapper, Session
 
-from .core.errors import ConfigurationError
+from .core.errors import ConfigurationError, UnknownWorkerError
+from .core.names import check_portable_length, validate_worker_name
 from .core.status import ExecutionStatus
 from .core.tasks import Task
-from .core.timing import RetryPolicy
+from .core.timing import RetryPolicy, require_positive
 from .dialects import Claim, Dialect, WorkerTable
 from .executors import ExecutorChoice, Pool
 from .records import ExecutionState, FailedItem
@@ -83,6 +86,34 @@ def check_concurrency(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"concurrency must be an int >= 1, got {value!r}")
     return value
+
+
+def check_options(
+    url: URL,
+    name: str,
+    eligible: object,
+    concurrency: object,
+    timeout: float | None,
+    retry: object,
+    max_crashes: object,
+) -> None:
+    """``transactional_worker``'s arguments, checked before it returns the decorator."""
+    sql_dialect = url.get_dialect()
+    # The longest derived name is an index's; MySQL limits those to 64 characters
+    # while SQLAlchemy reports its (alias) identifier limit as 255.
+    limits = (sql_dialect.max_identifier_length, sql_dialect.max_index_name_length)
+    max_length = min((n for n in limits if n), default=63)
+    validate_worker_name(name, max_length)
+    check_portable_length(name)
+    check_concurrency(concurrency)
+    if eligible is not None and not callable(eligible):
+        raise ConfigurationError("eligible must be a callable returning a select(...) statement")
+    if timeout is not None:
+        require_positive("timeout", timeout)
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigurationError(f"retry must be a RetryPolicy, got {retry!r}")
+    if isinstance(max_crashes, bool) or not isinstance(max_crashes, int) or max_crashes < 1:
+        raise ConfigurationError(f"max_crashes must be an int >= 1, got {max_crashes!r}")
 
 
 @dataclass(eq=False)
@@ -293,3 +324,31 @@ class Worker:
 
     def __repr__(self) -> str:
         return f"<dbworker.Worker {self.name!r} source={self.source.__name__}>"
+
+
+class RegisteredWorkers(Mapping[str, Worker]):
+    """A read-only view of the registered workers whose misses say what is registered."""
+
+    def __init__(self, workers: Mapping[str, Registration]) -> None:
+        self._workers = workers
+
+    def __getitem__(self, name: str) -> Worker:
+        return Worker(self.registration(name))
+
+    def registration(self, name: str) -> Registration:
+        try:
+            return self._workers[name]
+        except (KeyError, TypeError):
+            known = ", ".join(sorted(self._workers)) or "none"
+            raise UnknownWorkerError(
+                f"no worker named {name!r} is registered (registered: {known})"
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._workers)
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def __repr__(self) -> str:
+        return f"<workers {sorted(self._workers)}>"

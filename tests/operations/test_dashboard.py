@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from dbworker import ConfigurationError, ExecutionStatus
-from dbworker.dashboard import check_binding, create_app
+from dbworker.operator.dashboard import check_binding, create_app
 
 from .support import Site, wait_until
 from .test_cli import (

@@ -29,7 +29,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from dbworker import Coordinator, ExecutionStatus
-from dbworker.dashboard import create_app
+from dbworker.operator.dashboard import create_app
 from dbworker.registry import Timing
 
 from . import app

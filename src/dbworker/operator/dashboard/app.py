@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import ipaddress
 import secrets
@@ -9,10 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ..core.errors import ConfigurationError
-from ..overview import duration_text, overview
-from ..records_view import history, item_record
-from ..registry import has_table, list_coordinators
+from ...core.errors import ConfigurationError
+from ...operations import Backlog
+from ..display import duration_text, history, record_fields, status_name
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from starlette.responses import Response
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from ..coordinator import Coordinator
-    from ..worker import Registration
+    from ...coordinator import Coordinator
+    from ...worker import Worker
 
 #: Host names that reach only this machine.
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -109,7 +109,6 @@ def create_app(
     """The dashboard of ``coordinator``'s workers (it need not be started)."""
     _imports()
     from jinja2 import Environment, FileSystemLoader, select_autoescape
-    from sqlalchemy import select
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse
@@ -129,81 +128,55 @@ def create_app(
         )
         return HTMLResponse(page, status_code=status_code)
 
-    def registration(name: str) -> Registration:
+    operations = coordinator.operations
+
+    def registered(name: str) -> Worker:
         if name not in coordinator.workers:
             raise HTTPException(404, f"no worker named {name!r}")
-        return coordinator._registration(name)
+        return coordinator.workers[name]
 
-    def source_id(worker: Registration, text: str) -> Any:
+    def source_id(worker: Worker, text: str) -> Any:
         try:
-            return worker.source_id_from_text(text)
+            return operations.source_id(worker.name, text)
         except ConfigurationError as exc:
             raise HTTPException(404, str(exc)) from None
 
     def index(request: Request) -> Response:
-        workers = [coordinator._registration(name) for name in coordinator.workers]
-        table = coordinator._registry_table()
-        with coordinator.session_factory() as session:
-            conn = session.connection()
-            figures = overview(coordinator, conn, workers)
-            coordinators = (
-                list_coordinators(conn, coordinator._dialect, table, coordinator._registry_timing)
-                if has_table(conn, table)
-                else None
-            )
-            session.rollback()
-        chart = throughput_svg({name: item["history"] for name, item in figures.items()})
+        figures = operations.backlog()
+        try:
+            coordinators = operations.coordinators()
+        except ConfigurationError:  # no registry table: the page says how to create it
+            coordinators = None
+        chart = throughput_svg({name: list(item.history) for name, item in figures.items()})
         return render(
             request,
             "index.html",
-            figures=figures,
-            workers={w.name: w for w in workers},
+            figures={name: _shown(item) for name, item in figures.items()},
             coordinators=coordinators,
             chart=chart,
         )
 
     def worker_page(request: Request) -> Response:
-        worker = registration(request.path_params["worker"])
-        table = worker.table.table
-        with coordinator.session_factory() as session:
-            rows = (
-                session.execute(
-                    select(
-                        table.c.source_id,
-                        table.c.error,
-                        table.c.error_type,
-                        table.c.traceback,
-                        table.c.attempts,
-                        table.c.crashes,
-                        table.c.updated_at,
-                    )
-                    .where(table.c.status == "failed")
-                    .order_by(table.c.source_id)
-                    .limit(FAILED_LIMIT + 1)
-                )
-                .mappings()
-                .all()
-            )
-            figures = overview(coordinator, session.connection(), [worker])[worker.name]
-            session.rollback()
+        worker = registered(request.path_params["worker"])
+        failed = operations.failed_items(worker.name, FAILED_LIMIT + 1, tracebacks=True)
+        figures = operations.backlog(worker.name)[worker.name]
         return render(
             request,
             "worker.html",
             worker=worker,
-            failed=rows[:FAILED_LIMIT],
-            more=len(rows) > FAILED_LIMIT,
-            figures=figures,
+            failed=failed[:FAILED_LIMIT],
+            more=len(failed) > FAILED_LIMIT,
+            figures=_shown(figures),
             message=request.query_params.get("message"),
         )
 
     def item_page(request: Request) -> Response:
-        worker = registration(request.path_params["worker"])
+        worker = registered(request.path_params["worker"])
         key = source_id(worker, request.path_params["id"])
-        with coordinator.session_factory() as session:
-            record = item_record(coordinator, session.connection(), worker, key)
-            session.rollback()
-        if record is None:
+        found = operations.record(worker.name, key)
+        if found is None:
             raise HTTPException(404, f"worker {worker.name} has no record of {key!r}")
+        record = record_fields(found)
         return render(
             request,
             "item.html",
@@ -230,21 +203,21 @@ def create_app(
 
     async def retry_one(request: Request) -> Response:
         await check_post(request)
-        worker = registration(request.path_params["worker"])
+        worker = registered(request.path_params["worker"])
         key = source_id(worker, request.path_params["id"])
         from starlette.concurrency import run_in_threadpool
 
-        reset = await run_in_threadpool(_reset, coordinator, worker, [key])
+        reset = await run_in_threadpool(operations.retry, worker.name, key)
         message = "reset: it runs again when eligible" if reset else "not failed: left alone"
         url = request.url_for("item", worker=worker.name, id=request.path_params["id"])
         return RedirectResponse(f"{url}?message={_quote(message)}", status_code=303)
 
     async def retry_all(request: Request) -> Response:
         await check_post(request)
-        worker = registration(request.path_params["worker"])
+        worker = registered(request.path_params["worker"])
         from starlette.concurrency import run_in_threadpool
 
-        reset = await run_in_threadpool(_reset, coordinator, worker, None)
+        reset = len(await run_in_threadpool(operations.retry_failed, worker.name))
         url = request.url_for("worker", worker=worker.name)
         return RedirectResponse(
             f"{url}?message={_quote(f'reset {reset} failed item(s)')}", status_code=303
@@ -270,13 +243,12 @@ def create_app(
     return guarded
 
 
-def _reset(coordinator: Coordinator, worker: Registration, keys: list[Any] | None) -> int:
-    with coordinator.session_factory() as session:
-        if keys is None:
-            keys = [item["source_id"] for item in worker.failed(session)]
-        reset = sum(worker.reset_failed(session, key) for key in keys)
-        session.commit()
-    return reset
+def _shown(figures: Backlog) -> dict[str, Any]:
+    """A worker's figures as the templates read them: counts by status name."""
+    return {
+        **dataclasses.asdict(figures),
+        "counts": {status_name(status): n for status, n in figures.counts.items()},
+    }
 
 
 def _host_name(header: str) -> str:

@@ -22,15 +22,14 @@ beyond the client library's own. Serve the registry with ``serve(port)`` (``dbwo
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .core.errors import ConfigurationError
-from .events import Event, EventKind
+from ..core.errors import ConfigurationError
+from ..events import Event, EventKind
 
 if TYPE_CHECKING:
-    from .coordinator import Coordinator
+    from ..coordinator import Coordinator
 
 #: Histogram buckets (seconds): from a fast handler to a long one.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
@@ -162,32 +161,28 @@ class _Gauges:
 
     def collect(self) -> Iterator[Any]:
         gauge = self.families
-        coordinator = self.coordinator
         slots = gauge("dbworker_slots", "Handler processes (concurrency)", labels=["worker"])
         running = gauge("dbworker_running", "Handlers running now", labels=["worker"])
         free = gauge("dbworker_free_slots", "Slots with no handler running", labels=["worker"])
         held = gauge("dbworker_held", "Claims held, with items claimed ahead", labels=["worker"])
-        counts = coordinator._live_counts()
-        for name, worker in coordinator.workers.items():
-            now_running, now_held = counts.get(name, (0, 0))
-            slots.add_metric([name], worker.concurrency)
-            running.add_metric([name], now_running)
-            free.add_metric([name], max(0, worker.concurrency - now_running))
-            held.add_metric([name], now_held)
+        live = self.coordinator.operations.live()
+        for name, load in live.workers.items():
+            slots.add_metric([name], load.slots)
+            running.add_metric([name], load.running)
+            free.add_metric([name], load.free)
+            held.add_metric([name], load.held)
         yield from (slots, running, free, held)
-        cached = coordinator._cached_stats()
-        if cached is None:
+        if live.backlog_age is None:
             return
-        stats, measured = cached
         backlog = gauge("dbworker_backlog", "Items eligible and not claimed", labels=["worker"])
         oldest = gauge(
             "dbworker_backlog_oldest_seconds", "Age of the oldest waiting item", labels=["worker"]
         )
-        for name, figures in stats.items():
-            if figures.get("waiting") is not None:
-                backlog.add_metric([name], figures["waiting"])
-            if figures.get("oldest_waiting_seconds") is not None:
-                oldest.add_metric([name], figures["oldest_waiting_seconds"])
+        for name, figures in live.backlog.items():
+            if figures.waiting is not None:
+                backlog.add_metric([name], figures.waiting)
+            if figures.oldest_waiting_seconds is not None:
+                oldest.add_metric([name], figures.oldest_waiting_seconds)
         age = gauge("dbworker_backlog_age_seconds", "How old the backlog count is")
-        age.add_metric([], max(0.0, time.monotonic() - measured))
+        age.add_metric([], live.backlog_age)
         yield from (backlog, oldest, age)

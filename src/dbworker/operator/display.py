@@ -1,52 +1,43 @@
-"""One execution record as operators read it (``dbworker show``, the dashboard): every
-stored field but the token, times as UTC datetimes, and its history as a timeline."""
+"""Figures and records as people read them, in ``dbworker`` and the dashboard alike:
+ages and periods, status names, and one execution record's fields and history."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from typing import Any
 
-from sqlalchemy import Connection, select
-
-from .dialects.base import epoch_to_datetime
-
-if TYPE_CHECKING:
-    from .coordinator import Coordinator
-    from .worker import Registration
-
-_TIMES = (
-    "discovered_at",
-    "claimed_at",
-    "not_before",
-    "lease_expires_at",
-    "finished_at",
-    "updated_at",
-)
+from ..core.status import ExecutionStatus
+from ..operations import ItemRecord
 
 
-def item_record(
-    coordinator: Coordinator, conn: Connection, worker: Registration, source_id: Any
-) -> dict[str, Any] | None:
-    """The record of ``source_id`` (None if the worker has none); ``status`` is
-    ``pending`` for a row discovered but never claimed."""
-    table = worker.table.table
-    row = conn.execute(select(table).where(table.c.source_id == source_id)).mappings().first()
-    if row is None:
-        return None
-    owner = None if row["owner_host"] is None else f"{row['owner_host']} pid {row['owner_pid']}"
-    record: dict[str, Any] = {
-        "worker": worker.name,
-        "source_id": row["source_id"],
-        "status": row["status"],
-        "attempts": row["attempts"],
-        "failures": row["failures"],
-        "crashes": row["crashes"],
-        "owner": owner,
-        **{name: epoch_to_datetime(row[name]) for name in _TIMES},
-        "error_type": row["error_type"],
-        "error": row["error"],
-        "traceback": row["traceback"],
-    }
-    return record
+def duration_text(seconds: float | None) -> str:
+    """An age or a period for people: 42s, 15m, 3.5h; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+#: What the command and the dashboard call records discovered but not claimed yet
+#: (``None`` in the API), as the demo does.
+NOT_CLAIMED = "pending"
+#: The status columns, in the order they are shown.
+STATUS_COLUMNS: tuple[ExecutionStatus | None, ...] = (None, *ExecutionStatus)
+
+
+def status_name(status: ExecutionStatus | None) -> str:
+    return NOT_CLAIMED if status is None else status.value
+
+
+def record_fields(record: ItemRecord) -> dict[str, Any]:
+    """The record's fields in the order they are shown, the owner as ``host pid N``."""
+    fields = dataclasses.asdict(record)
+    owner = record.owner
+    fields["owner"] = None if owner is None else f"{owner['host']} pid {owner['pid']}"
+    return fields
 
 
 def history(record: dict[str, Any]) -> list[tuple[Any, str]]:

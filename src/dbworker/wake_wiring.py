@@ -1,0 +1,104 @@
+"""How a coordinator's workers meet the wake-ups (``dbworker.wakeups``): what each
+worker's ``eligible`` reads, the channels a table's writes wake, the hook on the
+application's session factory, the listener started with the scheduler, and the
+PostgreSQL trigger DDL for writes that bypass the session factory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from sqlalchemy import Engine, Table
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from .core.errors import ConfigurationError
+from .core.names import table_name
+from .core.timing import Timings
+from .dialects import Dialect
+from .logs import logger
+from .wakeups import SessionHook, Wakeups, Watched, trigger_ddl, watched
+from .wakeups.local import Sender
+from .wakeups.targets import by_table
+from .worker import Registration
+
+log = logger()
+
+
+class WakeWiring:
+    """One coordinator's wake-ups: announced by the application's commits (when
+    ``notifications``), listened for once the scheduler starts."""
+
+    def __init__(
+        self,
+        session_factory: Callable[[], Session],
+        dialect: Dialect,
+        url: URL,
+        workers: Mapping[str, Registration],
+        notifications: bool,
+    ) -> None:
+        self.dialect = dialect
+        self.url = url
+        #: The coordinator's registrations, as they grow.
+        self.workers = workers
+        self.notifications = notifications
+        self._watch: tuple[tuple[str, ...], dict[Table, frozenset[str]]] | None = None
+        self.sender = Sender(dialect.identity(url))
+        self.hook = (
+            SessionHook(session_factory, self.targets, self.sender) if notifications else None
+        )
+
+    def watched(self) -> list[Watched]:
+        return [
+            watched(w.name, w.table.source_pk.table, w.eligible_query)
+            for w in list(self.workers.values())
+        ]
+
+    def targets(self) -> dict[Table, frozenset[str]]:
+        """The channels each table's writes wake, rebuilt when a worker registers (the
+        application's flushes ask; usually long after registration is over)."""
+        names = tuple(self.workers)
+        cached = self._watch
+        if cached is None or cached[0] != names:
+            cached = self._watch = (names, by_table(self.watched()))
+        return cached[1]
+
+    def listener(self, engine: Engine, timings: Timings) -> Wakeups | None:
+        """What wakes the scheduler (None with notifications off: polling alone)."""
+        if self.hook is not None and not self.hook.installed:
+            log.info(
+                "coordinator: session_factory is not a sessionmaker, so its commits "
+                "cannot announce new work; this coordinator is still woken by others"
+            )
+        if not self.notifications:
+            log.info(
+                "coordinator: wake-ups off (notifications=False); new work is found by "
+                "polling every %ss to %ss",
+                timings.poll_seconds,
+                timings.max_poll_seconds,
+            )
+            return None
+        return Wakeups(
+            engine,
+            self.watched(),
+            notify=self.dialect.supports_notify,
+            identity=self.dialect.identity(self.url),
+            sender=self.sender,
+        )
+
+    def trigger_sql(self, worker: Registration) -> list[str]:
+        """``Coordinator.notify_trigger_sql``'s DDL for ``worker``."""
+        if not self.dialect.supports_notify:
+            raise ConfigurationError(
+                f"notification triggers need PostgreSQL; {self.url.get_backend_name()} "
+                "has no NOTIFY (writes through the session factory still wake workers on "
+                "this host, and polling finds the rest)"
+            )
+        (found,) = [w for w in self.watched() if w.name == worker.name]
+        statements: list[str] = []
+        own = {table_name(name) for name in self.workers}
+        for table in sorted(found.tables, key=lambda t: t.fullname):
+            if table.name not in own:  # dbworker's tables: completions announce themselves
+                statements += trigger_ddl(table, found.channel)
+        # The shared function is created once, before the triggers that call it.
+        first = statements[0]
+        return [first, *[s for s in statements if s != first]]
