@@ -76,6 +76,7 @@ def test_metrics_after_failures_retries_and_a_crash(ops: Site) -> None:
     assert value("dbworker_items_crashed_total") == 1
     assert value("dbworker_items_timed_out_total") == 0
     assert value("dbworker_items_lost_total") == 0
+    assert value("dbworker_items_released_total") == 0
     assert samples[("dbworker_database_errors_total", ())] == 0
     # Every invocation that ran its handler to an end: 3 finished, 3 retried, 1 failed.
     assert value("dbworker_handler_duration_seconds_count") == 7
