@@ -5,6 +5,7 @@ names its check, and the kit needs neither pytest nor (for the checks) Hypothesi
 
 from __future__ import annotations
 
+import functools
 import importlib
 import subprocess
 import sys
@@ -12,9 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, inspect
 
+from dbworker.dialects import for_url
 from dbworker.dialects.sqlite import SQLiteDialect
-from dbworker.testing import CheckFailed, exercise
+from dbworker.testing import STATE_MACHINE, CheckFailed, exercise
 from docs.blocks import ROOT, blocks
 from test_layering import imported_modules, modules
 
@@ -38,6 +41,20 @@ def test_the_documented_example_proves_its_dialect(
         monkeypatch.delitem(sys.modules, name, raising=False)
     example = importlib.import_module("test_durable_sqlite")
     example.test_durable_sqlite_conforms(tmp_path)
+
+
+def test_exercise_runs_check_after_check_in_one_database(database_url: str) -> None:
+    """Each check gets the empty database it expects (they seed the same rows), and the
+    kit leaves none of its tables behind."""
+    checks = ["reset_failed", "unfinish_delay", "read_state"]
+    report = exercise(functools.partial(for_url, database_url), database_url, checks=checks)
+    assert report.passed == [*checks, STATE_MACHINE]
+    assert report.skipped == {}
+    engine = create_engine(database_url)
+    try:
+        assert inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
 
 
 def test_a_failure_names_its_check(tmp_path: Path) -> None:
