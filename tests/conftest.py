@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import cast
 
@@ -40,6 +40,25 @@ from backends import (
     sqlite_url,
     with_driver,
 )
+
+# --- The conformance kit ------------------------------------------------------------------
+
+# The kit's checks are assert statements in an installed package: rewritten, a failed
+# one shows its values. (Registered before anything imports the kit.)
+pytest.register_assert_rewrite("dbworker.testing")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+    """A kit check that does not apply to the dialect under test is reported as a skip."""
+    # Imported here, so that nothing imports the kit before its rewrite is registered.
+    from dbworker.testing import NotApplicable
+
+    try:
+        return (yield)
+    except NotApplicable as exc:
+        pytest.skip(str(exc))
+
 
 # --- Hypothesis profiles ------------------------------------------------------------------
 

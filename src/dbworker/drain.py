@@ -19,7 +19,7 @@ from .dialects import Dialect, Owner
 from .events import Events
 from .executors import Runner
 from .scheduling.discovery import repeat_while_adding
-from .scheduling.endings import CLAIMED, Endings, Item
+from .scheduling.endings import CLAIMED, ClaimedItem, Endings
 from .worker import Registration
 
 #: A handler that always returns Unfinished() would otherwise drain forever.
@@ -94,7 +94,9 @@ def drain(
                         "keep returning Unfinished() without a delay?"
                     )
                 progressed = True
-                item = Item(worker.name, worker.table, claim.source_id, claim.token, claim.attempts)
+                item = ClaimedItem(
+                    worker.name, worker.table, claim.source_id, claim.token, claim.attempts
+                )
                 if not endings.vanished(item, claim, worker.max_crashes):
                     items.append(DrainedItem(worker.name, claim.source_id, "failed", VANISHED))
                     continue

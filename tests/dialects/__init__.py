@@ -1,20 +1,9 @@
-"""The dialect conformance suite: one set of checks, run live against every dialect.
+"""The dialect conformance suite: the kit's checks (``dbworker.testing``), run live
+against every dialect.
 
-The checks in ``checks.py`` are plain functions taking a dialect factory (anything
-callable as ``factory(clock) -> Dialect``, e.g. a ``Dialect`` subclass) and a database
-URL. ``test_conformance.py`` runs them on the built-in dialects; ``test_broken.py``
-runs them on deliberately broken dialects to prove they can fail.
-
-A third-party dialect runs the same suite by parametrizing with its own class and an
-empty database::
-
-    import pytest
-    from dialects.checks import CHECKS  # tests/ on sys.path, as pytest sets it up
-
-    @pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
-    def test_conformance(check, empty_database_url):
-        check(MyDialect, empty_database_url)
-
-A dialect must be registered (``dbworker.dialects.register`` or the entry point) for
-the URL, because the checks build their worker tables through ``Coordinator``.
+``test_conformance.py`` runs every check on the built-in dialects; ``test_broken.py``
+runs them on deliberately broken dialects (``broken.py``) to prove they can fail;
+``test_kit_example.py`` is the third-party example of docs/databases.md. The other
+modules test what is particular to one dialect or one mechanism: claim plans, the
+clock, the driver's cursor, idle connections, statement reuse.
 """

@@ -375,8 +375,9 @@ class ConcurrentSQLite(SQLiteDialect):
 # -- the catalogue ---------------------------------------------------------------------------
 
 
-def mixin(breakage: type[Dialect]) -> Callable[[type[Dialect]], type[Dialect]]:
-    """Combine a generic breakage with the dialect of the database under test."""
+def mixin(breakage: type) -> Callable[[type[Dialect]], type[Dialect]]:
+    """Combine a generic breakage (a mixin, abstract on its own) with the dialect of the
+    database under test."""
 
     def build(base: type[Dialect]) -> type[Dialect]:
         return type(f"{breakage.__name__}{base.__name__}", (breakage, base), {})

@@ -36,9 +36,8 @@ import pytest
 from sqlalchemy import Connection, Engine, event, insert, select
 
 from dbworker.dialects import Claim, ErrorInfo, for_url
-
-from .models import Group, Item
-from .support import LEASE, OWNER, Harness, ids
+from dbworker.testing.harness import LEASE, OWNER, Harness, ids
+from dbworker.testing.models import Group, Item
 
 HISTORY = 3000
 OPEN = 5000

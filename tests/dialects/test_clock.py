@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 
 import pytest
-from sqlalchemy import ColumnElement, Float, create_engine, func, select, type_coerce
+from sqlalchemy import ColumnElement, Float, Table, create_engine, func, select, type_coerce
+from sqlalchemy.sql.dml import Insert
 
 from dbworker.dialects import Dialect, for_url
 
@@ -57,6 +58,9 @@ class CoarseClock(Dialect):
 
     def db_now(self) -> ColumnElement[float]:
         return type_coerce(func.floor(self.inner.db_now() / 128) * 128, Float())
+
+    def insert_ignore(self, table: Table) -> Insert:
+        return self.inner.insert_ignore(table)
 
 
 @pytest.mark.parametrize("breakage", [CoarseClock])

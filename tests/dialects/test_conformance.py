@@ -1,4 +1,5 @@
-"""The conformance suite on every built-in dialect, and on MySQL under both drivers."""
+"""The conformance kit's checks on every built-in dialect, and on MySQL under both
+drivers: one test per check, through the kit's ``run_check``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 
 from backends import as_pymysql
 from dbworker.dialects import for_url
+from dbworker.testing import DialectFactory, check_names, run_check
 
-from . import checks
-from .support import VARIANTS, DialectFactory
+#: The checks this suite runs: every one the kit has (test_broken.py holds it to that).
+CHECKED = check_names()
 
 # The root conftest honours an explicit "backend" parametrization; this one adds the
 # PyMySQL run of the same MySQL database.
@@ -36,87 +38,6 @@ def make_dialect(url: str) -> DialectFactory:
     return functools.partial(for_url, url)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_racing_claims(make_dialect: DialectFactory, url: str, variant: str) -> None:
-    checks.check_racing_claims(make_dialect, url, variant)
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_claim_leaves_source_rows_unlocked(
-    make_dialect: DialectFactory, url: str, variant: str
-) -> None:
-    checks.check_claim_leaves_source_rows_unlocked(make_dialect, url, variant)
-
-
-def test_concurrent_discovery_hides_no_claimable_record(
-    make_dialect: DialectFactory, url: str
-) -> None:
-    checks.check_concurrent_discovery_hides_no_claimable_record(make_dialect, url)
-
-
-def test_takeover_after_lease_expiry(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_takeover_after_lease_expiry(make_dialect, url)
-
-
-def test_stale_token_cannot_complete_or_renew(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_stale_token_cannot_complete_or_renew(make_dialect, url)
-
-
-def test_completion_is_atomic(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_completion_is_atomic(make_dialect, url)
-
-
-def test_terminal_records_never_claimed(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_terminal_records_never_claimed(make_dialect, url)
-
-
-def test_reset_failed(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_reset_failed(make_dialect, url)
-
-
-def test_unfinish_delay(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_unfinish_delay(make_dialect, url)
-
-
-def test_fail_with_retry_delay(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_fail_with_retry_delay(make_dialect, url)
-
-
-def test_release_counts_crashes(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_release_counts_crashes(make_dialect, url)
-
-
-def test_status_condition_gates_dependent_claims(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_status_condition_gates_dependent_claims(make_dialect, url)
-
-
-def test_batch_claims_follow_eligible_order(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_batch_claims_follow_eligible_order(make_dialect, url)
-
-
-def test_discovers_later_inserts(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_discovers_later_inserts(make_dialect, url)
-
-
-def test_discovery_reports_its_watermark(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_discovery_reports_its_watermark(make_dialect, url)
-
-
-def test_discovery_leaves_source_rows_unlocked(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_discovery_leaves_source_rows_unlocked(make_dialect, url)
-
-
-def test_sweep_finds_rows_below_watermark(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_sweep_finds_rows_below_watermark(make_dialect, url)
-
-
-def test_out_of_order_commits_found_by_sweep(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_out_of_order_commits_found_by_sweep(make_dialect, url)
-
-
-def test_non_integer_keys_discovered(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_non_integer_keys_discovered(make_dialect, url)
-
-
-def test_read_state(make_dialect: DialectFactory, url: str) -> None:
-    checks.check_read_state(make_dialect, url)
+@pytest.mark.parametrize("check", CHECKED)
+def test_conformance(make_dialect: DialectFactory, url: str, check: str) -> None:
+    run_check(check, make_dialect, url)

@@ -16,9 +16,8 @@ import pytest
 from sqlalchemy import create_engine, event, exc, text, update
 
 from dbworker.dialects import for_url
+from dbworker.testing import Harness
 from server_sessions import drop_on_server, server_id
-
-from .support import Harness
 
 
 def _harness(database_url: str) -> Harness:

@@ -17,9 +17,10 @@ from sqlalchemy import select
 
 from dbworker.dialects import Claim, for_url
 from dbworker.dialects.postgresql import PLAN_SETTINGS
+from dbworker.testing.harness import LEASE, OWNER, Harness, ids
+from dbworker.testing.models import ITEMS, Item
 
-from .models import ITEMS, Item
-from .support import LEASE, OWNER, Harness, ids, statements_run
+from .support import statements_run
 
 #: What the database stores for a claim, as the claim must report it.
 FIELDS = ("token", "attempts", "failures", "crashes", "status")

@@ -17,9 +17,10 @@ from sqlalchemy import Connection
 
 from dbworker.dialects import for_url
 from dbworker.dialects.mysql import _STATEMENT_BINLOG
+from dbworker.testing import Harness
+from dbworker.testing.models import ITEMS
 
-from .models import ITEMS
-from .support import Harness, statements_run
+from .support import statements_run
 
 
 def _discover(h: Harness, conn: Connection) -> tuple[int, Any]:

@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from dbworker.dialects import ErrorInfo, for_url
-
-from .support import Harness
+from dbworker.testing import Harness
 
 #: Database clock readings inside one transaction differ by the statements' latency.
 TOLERANCE_SECONDS = 5.0

@@ -16,10 +16,10 @@ from dbworker.core.tasks import ErrorInfo, Result, ResultKind
 from dbworker.core.transitions import Transition
 from dbworker.dialects import Claim, Dialect, WorkerTable
 from dbworker.logs import log_event
-from dbworker.scheduling.endings import Endings, Item
+from dbworker.scheduling.endings import ClaimedItem, Endings
 
 TABLE = cast(WorkerTable, object())
-ITEM = Item("job", TABLE, 7, token=3, attempt=2)
+ITEM = ClaimedItem("job", TABLE, 7, token=3, attempt=2)
 
 
 class RecordingDialect:

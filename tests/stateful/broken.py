@@ -101,6 +101,7 @@ class LeaseIgnoringTakeover(Dialect):
         return and_(open_, ~_status(table, Phase.UNFINISHED) | due)
 
 
-def broken(mistake: type[Dialect], base: type[Dialect]) -> type[Dialect]:
-    """``base`` (a real dialect class) with ``mistake``'s one override."""
+def broken(mistake: type, base: type[Dialect]) -> type[Dialect]:
+    """``base`` (a real dialect class) with ``mistake``'s one override (a mixin, abstract
+    on its own)."""
     return type(f"{mistake.__name__}{base.__name__}", (mistake, base), {})

@@ -1,4 +1,4 @@
-"""Proof that the state machine can fail: each deliberately broken dialect (broken.py)
+"""Proof that the kit's state machine can fail: each deliberately broken dialect (broken.py)
 must be caught, on every backend where its mistake is observable.
 
 The budget is fixed here rather than taken from the profile: this asserts that a bug is
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 
-from dbworker.dialects import Dialect, dialect_class
+from dbworker.dialects import dialect_class
+from dbworker.testing.stateful import ModelMismatch, run_machine
 
 from .broken import (
     LeaseIgnoringTakeover,
@@ -24,7 +24,6 @@ from .broken import (
     WaitingClaim,
     broken,
 )
-from .machine import ModelMismatch, machine_for, open_harness
 
 SEARCH = settings(
     max_examples=1000,
@@ -39,7 +38,7 @@ SEARCH = settings(
 # (a) needs two claim transactions open at once to be observable, which SQLite's single
 # writer rules out; there the claim that ignores its guard stands in for it. MySQL's
 # claim locks inside a search loop, so only the lock-free variant replaces it whole.
-CASES: list[tuple[str, type[Dialect]]] = [
+CASES: list[tuple[str, type]] = [
     ("postgresql", NoLockClaim),
     ("postgresql", WaitingClaim),
     ("mysql", NoLockClaim),
@@ -53,7 +52,7 @@ CASES: list[tuple[str, type[Dialect]]] = [
 
 
 @pytest.mark.parametrize(("backend", "mistake"), CASES, ids=[f"{m.__name__}-{b}" for b, m in CASES])
-def test_broken_dialect_is_caught(backend: str, mistake: type[Dialect], database_url: str) -> None:
+def test_broken_dialect_is_caught(backend: str, mistake: type, database_url: str) -> None:
     dialect = broken(mistake, dialect_class(backend))
-    with open_harness(database_url, dialect) as harness, pytest.raises(ModelMismatch):
-        run_state_machine_as_test(machine_for(harness), settings=SEARCH)
+    with pytest.raises(ModelMismatch):
+        run_machine(dialect, database_url, settings=SEARCH)

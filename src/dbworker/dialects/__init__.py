@@ -1,9 +1,10 @@
 """Per-database strategies behind one interface, and the registry that picks one."""
 
 from ..core.tasks import ErrorInfo
-from .base import Claim, Claims, Dialect, Owner
+from .base import Dialect
+from .interface import DialectInterface
 from .registry import ENTRY_POINT_GROUP, dialect_class, for_engine, for_url, register
-from .terms import Clock, WorkerTable
+from .terms import Claim, Claims, Clock, Owner, WorkerTable
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -11,6 +12,7 @@ __all__ = [
     "Claims",
     "Clock",
     "Dialect",
+    "DialectInterface",
     "ErrorInfo",
     "Owner",
     "WorkerTable",

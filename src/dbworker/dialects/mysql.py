@@ -25,7 +25,7 @@ from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
 
 from ..core.status import Phase
-from .base import Claim, Claims, Dialect, claim_columns
+from .base import Dialect
 from .open_first import (
     StraightJoin,
     in_direction,
@@ -34,7 +34,7 @@ from .open_first import (
     reuse,
     status_index,
 )
-from .terms import WorkerTable
+from .terms import Claim, Claims, WorkerTable, claim_columns
 
 # 1205 lock wait timeout, 1213 deadlock, 1927 connection killed (MariaDB),
 # 2002/2003 cannot connect, 2006 server gone away, 2013 lost connection, 4031 idle disconnect.

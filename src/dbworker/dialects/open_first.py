@@ -31,8 +31,8 @@ from sqlalchemy.sql.selectable import Alias, FromClause, Join
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..core.status import OPEN, Phase
-from .base import Claim, Dialect
-from .terms import WorkerTable, status_in
+from .base import Dialect
+from .terms import Claim, WorkerTable, status_in
 
 _MODIFIERS: dict[Any, Callable[[ColumnElement[Any]], ColumnElement[Any]]] = {
     operators.asc_op: asc,

@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
-from .base import PENDING_COLUMNS, Claim, Dialect, Owner, claim_columns
+from .base import Dialect
 from .open_first import (
     apply_modifiers,
     claimed,
@@ -36,7 +36,7 @@ from .open_first import (
     reuse,
     split_order,
 )
-from .terms import WorkerTable
+from .terms import PENDING_COLUMNS, Claim, Owner, WorkerTable, claim_columns
 
 # SQLSTATEs worth retrying: serialization failure, deadlock, lock not available,
 # admin shutdown / crash shutdown / cannot connect now (a restarting server).
@@ -90,6 +90,8 @@ class PostgreSQLDialect(Dialect):
     sessions_outlive_processes: ClassVar[bool] = True
     # NOTIFY is delivered with the commit, to listeners on any host.
     supports_notify: ClassVar[bool] = True
+    # FOR UPDATE ... SKIP LOCKED inside a CTE that an UPDATE ... RETURNING reads.
+    supports_one_statement_claims: ClassVar[bool] = True
 
     def db_now(self) -> ColumnElement[float]:
         # clock_timestamp(), not now(): now() is frozen at transaction start, and a
@@ -201,7 +203,7 @@ class PostgreSQLDialect(Dialect):
     ) -> list[Claim]:
         if limit < 1:
             return []
-        if type(self).lock_candidates is not PostgreSQLDialect.lock_candidates:
+        if not self.supports_one_statement_claims:
             # A subclass that locks its own way keeps the two-statement claim built on it.
             return super().claim(conn, worker, eligible, limit, lease_seconds, owner)
         if order_terms(eligible) is None:

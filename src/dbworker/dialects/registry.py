@@ -3,7 +3,8 @@
 Built-in dialects are looked up by SQLAlchemy backend name. A package adds a
 database by exposing a ``Dialect`` subclass in the ``dbworker.dialects``
 entry-point group (the entry point's name is the backend name), or by calling
-``register()`` at import time, and then running tests/dialects against it.
+``register()`` at import time, and proves it with the conformance kit
+(``dbworker.testing.exercise``).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from ..core.errors import ConfigurationError
-from .base import READ_ONLY_OPTION, Claim, Dialect, Owner, claim_columns
+from .base import Dialect
 from .open_first import (
     CrossJoin,
     claimed,
@@ -40,7 +40,7 @@ from .open_first import (
     reuse,
 )
 from .sqlite_turns import take_turns
-from .terms import WorkerTable
+from .terms import READ_ONLY_OPTION, Claim, Owner, WorkerTable, claim_columns
 
 #: How long a connection waits for the write lock before SQLITE_BUSY, unless the
 #: engine's options say otherwise (``connect_args={"timeout": seconds}`` or
@@ -63,6 +63,9 @@ class SQLiteDialect(Dialect):
     # SQLAlchemy silently drops FOR UPDATE on SQLite; exclusivity comes from the
     # database-wide write lock that BEGIN IMMEDIATE takes instead.
     supports_concurrent_claims: ClassVar[bool] = False
+    # Under the write lock BEGIN IMMEDIATE took, a claim in key order searches and
+    # updates in one UPDATE ... RETURNING (SQLite 3.35+).
+    supports_one_statement_claims: ClassVar[bool] = True
     # The handler's transaction holds the only write lock: keep the row's read out of it.
     source_read_apart: ClassVar[bool] = True
     #: ``PRAGMA synchronous`` on dbworker's own connections (FULL: sync every commit).
@@ -144,7 +147,7 @@ class SQLiteDialect(Dialect):
             limit < 1
             or direction is None
             or not conn.dialect.update_returning
-            or type(self).lock_candidates is not Dialect.lock_candidates
+            or not self.supports_one_statement_claims
         ):
             # Two statements (search, then UPDATE by key): for other orders (RETURNING
             # cannot return the search's ORDER BY values, and comes back in no order),

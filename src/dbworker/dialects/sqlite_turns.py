@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
-from .base import READ_ONLY_OPTION
+from .terms import READ_ONLY_OPTION
 
 #: The file lock's name: the database's path with this suffix (beside -wal and -shm).
 SUFFIX = "-dbworker-turns"

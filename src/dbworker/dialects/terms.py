@@ -1,9 +1,12 @@
-"""The terms every dialect module shares: a worker's table, the test clock, literal
-statuses and the token no claim ever issues."""
+"""The terms every dialect module shares: a worker's table, the test clock, what a claim
+returns and who holds it, literal statuses and the token no claim ever issues."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import os
+import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -13,6 +16,19 @@ from ..core.status import Phase
 
 #: Claims are numbered from 1, so no fenced statement under this token matches a row.
 NEVER_ISSUED_TOKEN = -1
+#: What discovery sets in a new pending record (the other columns take their defaults).
+PENDING_COLUMNS = (
+    "source_id",
+    "status",
+    "token",
+    "attempts",
+    "failures",
+    "crashes",
+    "discovered_at",
+    "updated_at",
+)
+#: An execution option marking a connection whose transaction only reads.
+READ_ONLY_OPTION = "dbworker_read_only"
 #: A clock for tests: seconds since the epoch. Production reads the database's clock.
 Clock = Callable[[], float]
 
@@ -36,3 +52,54 @@ def status_literal(phase: Phase) -> ColumnElement[str]:
 
 def status_in(column: ColumnElement[str], phases: Iterable[Phase]) -> ColumnElement[bool]:
     return column.in_([status_literal(p) for p in sorted(phases)])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    source_id: Any
+    token: int
+    attempts: int
+    failures: int
+    crashes: int
+    #: The record's status as locked (a claim of a WORKING record is a takeover).
+    status: str | None = None
+
+
+class Claims(list[Claim]):
+    """What a claim took, and how many records it found claimable but could not lock.
+
+    Another transaction held those (on MySQL, a concurrent discovery's insert of the
+    same keys locks them until it commits): they are claimable again in a moment, and
+    the caller should look again soon rather than at its next poll. A dialect that
+    cannot tell (one statement searches and locks) reports none.
+    """
+
+    skipped: int = 0
+
+    @classmethod
+    def of(cls, claims: Iterable[Claim], skipped: int = 0) -> Claims:
+        made = cls(claims)
+        made.skipped = skipped
+        return made
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Owner:
+    host: str
+    pid: int
+
+    @classmethod
+    def current(cls) -> Owner:
+        return cls(socket.gethostname()[:255], os.getpid())
+
+
+def claim_columns(table: Table) -> tuple[ColumnElement[Any], ...]:
+    """What a claim reads of each record: the fields of ``Claim``, in order."""
+    c = table.c
+    return (c.source_id, c.token, c.attempts, c.failures, c.crashes, c.status)
+
+
+def epoch_to_datetime(value: float | None) -> dt.datetime | None:
+    if value is None:
+        return None
+    return dt.datetime.fromtimestamp(float(value), tz=dt.UTC)

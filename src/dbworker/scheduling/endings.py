@@ -33,7 +33,7 @@ CLAIMED = Decision(None, reports=EventKind.CLAIMED)
 
 
 @dataclass(frozen=True, slots=True)
-class Item:
+class ClaimedItem:
     """An item under one claim, as its ending needs it."""
 
     worker: str
@@ -57,7 +57,7 @@ class Endings:
 
     def conclude(
         self,
-        item: Item,
+        item: ClaimedItem,
         decision: Decision,
         error: ErrorInfo | None = None,
         *,
@@ -94,7 +94,7 @@ class Endings:
 
     def result(
         self,
-        item: Item,
+        item: ClaimedItem,
         result: Result,
         *,
         crashes: int,
@@ -133,7 +133,7 @@ class Endings:
         )
         return kind
 
-    def vanished(self, item: Item, claim: Claim, max_crashes: int) -> bool:
+    def vanished(self, item: ClaimedItem, claim: Claim, max_crashes: int) -> bool:
         """A new claim of an item whose holders vanished (``claim.crashes``, counted by
         the takeovers): False, and the item FAILED, once they reach ``max_crashes``."""
         decision = decide(Ending.VANISHED, crashes=claim.crashes, max_crashes=max_crashes)

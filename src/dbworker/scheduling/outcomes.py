@@ -14,7 +14,7 @@ from ..core.policy import Ending, decide
 from ..core.tasks import ErrorInfo, Result
 from ..dialects import Claim, Dialect
 from ..events import Events
-from .endings import CLAIMED, Endings, Item
+from .endings import CLAIMED, ClaimedItem, Endings
 from .outbox import Outbox, SchedulerHealth
 from .state import HeldClaim, WorkerState
 
@@ -36,10 +36,12 @@ class Outcomes:
         self.endings = Endings(dialect, outbox.write, events)
 
     @staticmethod
-    def _item(state: WorkerState, source_id: Any, token: int, held: HeldClaim | None) -> Item:
+    def _item(
+        state: WorkerState, source_id: Any, token: int, held: HeldClaim | None
+    ) -> ClaimedItem:
         worker = state.worker
         attempt = None if held is None else held.attempt
-        return Item(worker.name, worker.table, source_id, token, attempt)
+        return ClaimedItem(worker.name, worker.table, source_id, token, attempt)
 
     def handle(self, state: WorkerState, result: Result) -> None:
         """An executor's result for one of ``state``'s invocations."""
@@ -151,7 +153,7 @@ class Outcomes:
             # The earlier run completed (Unfinished, a retry) and its result is on its
             # way: keep it to report under its own attempt.
             state.completing[(claim.source_id, previous.token)] = previous
-        item = Item(worker.name, worker.table, claim.source_id, claim.token, claim.attempts)
+        item = ClaimedItem(worker.name, worker.table, claim.source_id, claim.token, claim.attempts)
         if not self.endings.vanished(item, claim, worker.max_crashes):
             return False
         state.held[claim.source_id] = HeldClaim(

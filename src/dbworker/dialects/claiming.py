@@ -1,0 +1,134 @@
+"""Claiming: the shared SQL that finds claimable records in the eligible query's order,
+locks them and gives each a new token and lease (a part of ``Dialect``).
+
+A database overrides ``candidates`` (how the eligible query is rewritten so that its
+planner reads the open records first), ``lock_candidates`` (how the records are locked
+without waiting for other claimers) or ``claim`` itself (one statement that does it all,
+declared by ``supports_one_statement_claims``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    or_,
+    update,
+)
+
+from ..core.status import OPEN, Phase
+from .claim_values import claim_values
+from .interface import DialectInterface
+from .terms import Claim, Claims, Owner, WorkerTable, claim_columns, status_in, status_literal
+
+
+class Claiming(DialectInterface):
+    """The claim of a batch: ``claimable`` guards it, ``candidates`` searches,
+    ``lock_candidates`` locks, ``claim`` updates."""
+
+    def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
+        """SQL for ``core.transitions.Record.claimable``: CLAIM or TAKEOVER is legal now."""
+        if now is self._db_clock:
+            built: ColumnElement[bool] = self._built_once(
+                ("claimable", table), lambda: self._claimable_at(table, now)
+            )
+            return built
+        return self._claimable_at(table, now)
+
+    def _claimable_at(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
+        status = table.c.status
+        return and_(
+            status_in(status, OPEN),
+            or_(
+                status == status_literal(Phase.PENDING),
+                and_(
+                    status == status_literal(Phase.UNFINISHED),
+                    or_(table.c.not_before.is_(None), table.c.not_before <= now),
+                ),
+                and_(status == status_literal(Phase.WORKING), table.c.lease_expires_at < now),
+            ),
+        )
+
+    def candidates(
+        self, worker: WorkerTable, eligible: Select[Any], limit: int, now: ColumnElement[float]
+    ) -> Select[Any]:
+        """The eligible query rewritten to return claimable execution records, in its order."""
+        table = worker.table
+        return (
+            eligible.with_only_columns(*claim_columns(table), maintain_column_froms=True)
+            .where(table.c.source_id == worker.source_pk, self.claimable(table, now))
+            .limit(limit)
+        )
+
+    def lock_candidates(
+        self, conn: Connection, worker: WorkerTable, eligible: Select[Any], limit: int
+    ) -> list[Claim]:
+        """Select and lock up to ``limit`` claimable records (old tokens).
+
+        This version does not lock: it is only correct where the transaction already
+        holds a database-wide write lock (SQLite's BEGIN IMMEDIATE). A database with row
+        locks overrides it, skipping the records other transactions hold, and may return
+        ``Claims.of(claims, skipped=n)`` to say how many it skipped.
+        """
+        rows = conn.execute(self.candidates(worker, eligible, limit, self.now())).all()
+        return [Claim(*row) for row in rows]
+
+    def claim(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        eligible: Select[Any],
+        limit: int,
+        lease_seconds: float,
+        owner: Owner,
+    ) -> list[Claim]:
+        """Claim up to ``limit`` eligible records: each gets a new token and a lease."""
+        if limit < 1:
+            return []
+        locked = self.lock_candidates(conn, worker, eligible, limit)
+        skipped = locked.skipped if isinstance(locked, Claims) else 0
+        if not locked:
+            return Claims.of((), skipped)
+        statement = self._built_once(
+            ("claim", worker.table, lease_seconds, owner),
+            lambda: self._claim_update(worker.table, lease_seconds, owner),
+        )
+        conn.execute(statement, {"ids": [c.source_id for c in locked]})
+        # The caller decides on max_crashes from the claim, so report the count as
+        # the UPDATE above stored it: the locked status is the one its CASE read.
+        return Claims.of(
+            (
+                dataclasses.replace(
+                    c,
+                    token=c.token + 1,
+                    attempts=c.attempts + 1,
+                    crashes=c.crashes + (c.status == Phase.WORKING.value),
+                    status=Phase.WORKING.value,
+                )
+                for c in locked
+            ),
+            skipped,
+        )
+
+    def _claim_update(self, table: Table, lease_seconds: float, owner: Owner) -> Any:
+        """The UPDATE that claims the locked records ``ids``."""
+        return (
+            update(table)
+            .where(table.c.source_id.in_(bindparam("ids", expanding=True)))
+            .ordered_values(*self._claim_values(table, lease_seconds, owner))
+        )
+
+    def _claim_values(
+        self, table: Table, lease_seconds: float, owner: Owner
+    ) -> list[tuple[ColumnElement[Any], Any]]:
+        """What a claim sets, in order (``claim_values``, from the CLAIM and TAKEOVER
+        rows): every claim UPDATE (by ids, or a dialect's one statement over its own
+        search) sets exactly these."""
+        return claim_values(table, self.now(), lease_seconds, (owner.host, owner.pid))

@@ -1,0 +1,154 @@
+"""Discovery: the shared SQL that turns new source rows into pending records, and the
+idle poll's probe (a part of ``Dialect``).
+
+A database overrides ``_discover_above_watermark`` where it can move the new keys into
+records in one statement (``_discover_in_one_insert``, or a statement of its own), so
+that they never travel to the coordinator and back as parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    bindparam,
+    exists,
+    func,
+    literal_column,
+    or_,
+    select,
+)
+
+from ..core.status import OPEN, Phase
+from .interface import DialectInterface
+from .terms import PENDING_COLUMNS, WorkerTable, status_in, status_literal
+
+
+class Discovery(DialectInterface):
+    """New source rows above the watermark (``discover``), below it (``sweep``), and
+    whether a poll may find anything (``probe``)."""
+
+    def discover(self, conn: Connection, worker: WorkerTable) -> int:
+        """Add pending records for source rows newer than any the table knows.
+
+        The watermark is the largest known source id (an index lookup), so an idle
+        poll costs the same with a million finished rows as with none. Rows whose
+        inserts commit out of key order land below the watermark; ``sweep`` finds them.
+        """
+        if not worker.monotonic_keys:
+            return self.sweep(conn, worker)
+        return self._discover_above_watermark(conn, worker)[0]
+
+    def discover_to_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        """``discover``, and the watermark after it.
+
+        The watermark comes from what discovery itself read (the largest known key, or
+        the largest key it added) rather than from a second ``max()``: a woken poll
+        costs a round trip less. Another coordinator may have added larger keys
+        meanwhile; a watermark that is low only makes later sweeps look further back.
+        A dialect whose ``discover`` is its own (``supports_discovery_watermark`` is
+        False) keeps it, followed by that read.
+        """
+        if not self.supports_discovery_watermark or not worker.monotonic_keys:
+            return self.discover(conn, worker), self.watermark(conn, worker)
+        return self._discover_above_watermark(conn, worker)
+
+    def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        pk = worker.source_pk
+        watermark = self.watermark(conn, worker)
+        query = self._above_watermark(worker, watermark is not None, pk, self.now())
+        rows = conn.execute(query, {"watermark": watermark}).all()
+        added = self._add_pending(conn, worker, rows)
+        # In key order and above the old watermark: the last is the largest known now.
+        return added, rows[-1][0] if rows else watermark
+
+    def _above_watermark(
+        self, worker: WorkerTable, above: bool, *columns: ColumnElement[Any]
+    ) -> Select[Any]:
+        """``columns`` of one batch of source rows in key order, above the ``watermark``
+        parameter when ``above``."""
+        pk = worker.source_pk
+        query = select(*columns).order_by(pk).limit(self.discovery_batch)
+        return query.where(pk > bindparam("watermark", type_=pk.type)) if above else query
+
+    def _pending_values(self, source_id: ColumnElement[Any]) -> list[ColumnElement[Any]]:
+        """A new pending record for ``source_id`` as SQL, column by column
+        (``PENDING_COLUMNS``): for discovery in one statement."""
+        now = self.now()
+        return [source_id, status_literal(Phase.PENDING), *[literal_column("0")] * 4, now, now]
+
+    def _discovery_round(
+        self, conn: Connection, worker: WorkerTable, build: Callable[[bool], Any]
+    ) -> tuple[Any, Any]:
+        """Run a dialect's one-statement discovery, ``build(above)`` (built once per table
+        and whether a watermark bounds it); its result and the watermark it started from."""
+        watermark = self.watermark(conn, worker)
+        above = watermark is not None
+        statement = self._built_once(("discover", worker.table, above), lambda: build(above))
+        return conn.execute(statement, {"watermark": watermark}), watermark
+
+    def _discover_in_one_insert(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        """Discovery as one ``INSERT ... SELECT`` from the source table (``insert_ignore``
+        leaves keys another coordinator added): the records added, and the watermark."""
+
+        def build(above: bool) -> Any:
+            rows = self._above_watermark(worker, above, *self._pending_values(worker.source_pk))
+            return self.insert_ignore(worker.table).from_select(PENDING_COLUMNS, rows)
+
+        result, watermark = self._discovery_round(conn, worker, build)
+        added = int(result.rowcount)
+        return added, self.watermark(conn, worker) if added else watermark
+
+    def sweep(self, conn: Connection, worker: WorkerTable, above: Any = None) -> int:
+        """Add pending records for every source row (above ``above``) that has none."""
+        table, pk = worker.table, worker.source_pk
+        query = select(pk, self.now()).order_by(pk).limit(self.discovery_batch)
+        if above is None:
+            query = query.where(~exists().where(table.c.source_id == pk))
+        else:
+            # The bound on source_id repeats pk > above for the planner: PostgreSQL does
+            # not carry it across the join, and merge-joins the whole history otherwise.
+            query = query.where(pk > above).where(
+                ~exists().where(table.c.source_id == pk, table.c.source_id > above)
+            )
+        return self._add_pending(conn, worker, conn.execute(query).all())
+
+    def probe(self, conn: Connection, worker: WorkerTable, above: Any) -> bool:
+        """Whether a poll may find anything: a source row above ``above`` (the
+        watermark), or any open record. Two index probes in one statement (the end of
+        the primary key, the first open record), so an idle poll reads next to nothing."""
+        table, pk = worker.table, worker.source_pk
+        # max(), not EXISTS(pk > above): every planner answers max() of an indexed
+        # column from the index's end, while a never-analyzed PostgreSQL table gets a
+        # sequential scan for the EXISTS (and reads it all when nothing is newer).
+        newest = select(func.max(pk)).scalar_subquery()
+        statement = select(
+            or_(
+                newest > bindparam("above", type_=pk.type),
+                exists().where(status_in(table.c.status, OPEN)),
+            )
+        )
+        return bool(conn.execute(statement, {"above": above}).scalar())
+
+    def watermark(self, conn: Connection, worker: WorkerTable) -> Any:
+        return conn.execute(select(func.max(worker.table.c.source_id))).scalar()
+
+    def _add_pending(self, conn: Connection, worker: WorkerTable, rows: Sequence[Any]) -> int:
+        if not rows:
+            return 0
+        pending = (Phase.PENDING.value, 0, 0, 0, 0)
+        values = [
+            dict(zip(PENDING_COLUMNS, (source_id, *pending, float(now), float(now)), strict=True))
+            for source_id, now in rows
+        ]
+        # One statement built once, many parameter sets: SQLAlchemy sends them as
+        # multi-row INSERTs without compiling a statement for every batch.
+        statement = self._built_once(
+            ("insert_pending", worker.table), lambda: self.insert_ignore(worker.table)
+        )
+        conn.execute(statement, values)
+        return len(values)

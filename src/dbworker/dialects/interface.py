@@ -1,0 +1,193 @@
+"""The dialect interface: what a database provides, and the capabilities it declares.
+
+A dialect turns the transitions of ``core.transitions`` into SQL for one database. The
+engine (the coordinator's loop, the handler processes, the operators' reads) calls the
+operations of ``Dialect`` (``base.py``), whose SQL is written once, in parts:
+
+- ``claiming.py``: ``claimable``, ``candidates``, ``lock_candidates``, ``claim``;
+- ``discovery.py``: ``discover``, ``discover_to_watermark``, ``sweep``, ``probe``,
+  ``watermark``;
+- ``fenced.py``: ``renew``, ``finish``, ``unfinish``, ``fail``, ``release``, ``record``,
+  ``reset_failed``, ``current_token``: the fenced transitions, never a database's to
+  write again;
+- ``reading.py``: ``status_condition``, ``read_status``, ``read_state``, ``counts``,
+  ``failed``.
+
+What differs from one database to the next is declared here, in one place. Two methods
+have no shared version that could serve every database, so they are abstract:
+``db_now`` (the database's clock as SQL) and ``insert_ignore`` (an INSERT that skips
+existing keys). The others have the shared SQL as their default, and a database
+overrides them where it differs: ``validate_url``, ``same_database``, ``identity``,
+``configure_engine``, ``reset_session``, ``coordinator_engine_options``,
+``is_transient`` and ``whole_minutes`` (below), and the claim and discovery strategy,
+``candidates``, ``lock_candidates``, ``claim`` and ``_discover_above_watermark``
+(in their parts). Optional behaviour is a class flag (SQLAlchemy's ``supports_*``
+style), which the shared SQL reads; it never asks which methods a class replaced.
+
+An abstract base class rather than a ``typing.Protocol``: the registry, the engine and
+the handler processes take ``Dialect`` subclasses, and a third party writes one by
+subclassing a built-in or ``Dialect``, which brings the shared SQL along. A Protocol
+would be a second type that nothing is typed against; an abstract method instead names
+what a new database forgot when its class is instantiated, before any SQL runs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from sqlalchemy import ColumnElement, Connection, Engine, Float, Table, func, literal
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
+from sqlalchemy.sql.dml import Insert
+
+from .driver_cursor import DriverForms
+from .liveness import ping_when_idle
+from .terms import Clock
+
+#: Host names that mean this machine.
+_LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1"})
+
+
+class DialectInterface(ABC):
+    """What a database provides: its clock, its insert-or-ignore, how its connections
+    are set up and judged, and the capabilities it declares (the flags below)."""
+
+    #: The SQLAlchemy backend names (``URL.get_backend_name()``) this dialect serves.
+    backend_names: ClassVar[tuple[str, ...]] = ()
+    #: Whether two coordinator transactions can claim at the same time.
+    supports_concurrent_claims: ClassVar[bool] = True
+    #: Whether ``claim`` may search, lock and update in one statement of its own, built
+    #: over ``candidates``, without calling ``lock_candidates``. A subclass that defines
+    #: ``lock_candidates`` and does not declare this flag again gets False, so that its
+    #: own locking is what claims (``Dialect.__init_subclass__``).
+    supports_one_statement_claims: ClassVar[bool] = False
+    #: Whether ``discover_to_watermark`` may take the watermark from what the shared
+    #: discovery read rather than from a second ``max()``. A subclass that defines
+    #: ``discover`` and does not declare this flag again gets False: its discovery
+    #: runs, followed by a read of the watermark.
+    supports_discovery_watermark: ClassVar[bool] = True
+    #: Whether a new connection's first statements pay for loading what they read
+    #: into a new server session (PostgreSQL: a new backend process, empty caches).
+    new_connection_is_cold: ClassVar[bool] = False
+    #: Whether a connection's session can pass from one handler process to a later
+    #: one (a fork inherits the socket; ``reset_session`` clears what the first left).
+    sessions_outlive_processes: ClassVar[bool] = False
+    #: The server's port where a URL leaves it out (None: no server).
+    default_port: ClassVar[int | None] = None
+    #: Whether a handler process reads the source row apart, before the handler's
+    #: transaction: in one statement outside any transaction, on a connection with
+    #: ``READ_ONLY_OPTION`` (the dialect's driver connections must be in autocommit).
+    source_read_apart: ClassVar[bool] = False
+    #: Whether the database delivers transactional notifications (NOTIFY/LISTEN), with
+    #: which writers wake coordinators on other hosts (dbworker.wakeups).
+    supports_notify: ClassVar[bool] = False
+    #: How many candidate rows a discovery or sweep round reads at most.
+    discovery_batch: ClassVar[int] = 1000
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock
+        # SQL expressions are immutable, and building them is most of a claim's
+        # Python time: the clock and each table's claim condition are built once.
+        self._db_clock: ColumnElement[float] | None = None
+        self._built: dict[tuple[Any, ...], Any] = {}
+        #: Built-once statements compiled for a driver, per key and SQLAlchemy dialect.
+        self._driver_forms = DriverForms()
+
+    # -- time ----------------------------------------------------------------------
+
+    @abstractmethod
+    def db_now(self) -> ColumnElement[float]:
+        """The database's current time as epoch seconds (SQL), read when the statement
+        runs rather than when its transaction began: leases are measured from it."""
+
+    def now(self) -> ColumnElement[float]:
+        """The current time as SQL: the database's clock, or the injected test clock."""
+        if self.clock is not None:
+            return literal(self.clock(), Float())
+        if self._db_clock is None:
+            self._db_clock = self.db_now()
+        return self._db_clock
+
+    def whole_minutes(self, seconds: ColumnElement[float]) -> ColumnElement[Any]:
+        """SQL for the whole minutes in a non-negative number of ``seconds``."""
+        return func.floor(seconds / 60)
+
+    def _built_once(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """``build()``'s SQL, kept under ``key`` while "now" is the database's clock (a
+        test clock's is a literal that changes, so its SQL is built each time)."""
+        if self.clock is not None:
+            return build()
+        built = self._built.get(key)
+        if built is None:
+            built = self._built[key] = build()
+        return built
+
+    # -- writing -------------------------------------------------------------------
+
+    @abstractmethod
+    def insert_ignore(self, table: Table) -> Insert:
+        """An INSERT that skips rows whose key exists (another coordinator found them)."""
+
+    # -- connections ---------------------------------------------------------------
+
+    def validate_url(self, url: URL) -> None:
+        """Reject URLs this database cannot coordinate through (e.g. in-memory SQLite)."""
+        return None  # any URL SQLAlchemy accepts, unless the database says otherwise
+
+    def same_database(self, ours: URL, theirs: URL) -> bool:
+        """Whether two URLs of this database plausibly name one database.
+
+        Only clear mismatches count: spellings of one database (a driver, an omitted
+        default port, "localhost" for 127.0.0.1) must not stop a coordinator from
+        being built.
+        """
+
+        def host(url: URL) -> str:
+            name = (url.host or "").lower()
+            return "localhost" if name in _LOOPBACK else name
+
+        def port(url: URL) -> int | None:
+            return url.port or self.default_port
+
+        return (
+            host(ours) == host(theirs)
+            and port(ours) == port(theirs)
+            and (ours.database or "") == (theirs.database or "")
+        )
+
+    def identity(self, url: URL) -> str:
+        """One spelling of the database ``url`` names, the same wherever it is spelled
+        alike by ``same_database``: writers and coordinators on one host meet under it."""
+        host = (url.host or "").lower()
+        host = "localhost" if host in _LOOPBACK else host
+        port = url.port or self.default_port
+        return f"{url.get_backend_name()}://{host}:{port}/{url.database or ''}"
+
+    def configure_engine(self, engine: Engine, handlers: bool = False) -> None:
+        """Set up an engine dbworker created itself (coordinator or child process;
+        ``handlers``: one whose connections only run invocations, in a handler process,
+        where the coordinator bounds how long each may take).
+
+        Overrides call this too: its pooled connections are checked after idling, so
+        that a restarted server or an idle timeout costs no transaction an error.
+        """
+        ping_when_idle(engine)
+
+    def reset_session(self, conn: Connection) -> None:
+        """Return the session to its state just after connecting (no transaction open).
+        Needed where ``sessions_outlive_processes``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reset a session")
+
+    def coordinator_engine_options(self) -> dict[str, Any]:
+        """Options merged under the user's ``engine_options`` for the coordinator's engine
+        (child processes use the user's options alone: handlers get the app's defaults)."""
+        return {}
+
+    def is_transient(self, error: BaseException) -> bool:
+        """Whether retrying the same work later can succeed (lost connection, deadlock,
+        lock timeout, busy database), as opposed to a bug or a schema problem."""
+        if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+            return True
+        return isinstance(error, sa_exc.OperationalError | sa_exc.InterfaceError)
