@@ -44,15 +44,16 @@ def logger() -> logging.Logger:
 def log_event(event: Event) -> None:
     """Log what the scheduler reports of an item: the listener of the events that
     writes dbworker's log records about items' endings (``scheduling.endings``)."""
-    say = _SAYINGS.get(event.kind)
-    if say is None:
+    # Every item passes here: nothing is formatted unless its level is logged.
+    level = _MOST.get(event.kind)
+    if level is None or not _LOG.isEnabledFor(level):
         return
-    level, message = say(event)
-    log = logging.getLogger(LOGGER_NAME)
-    if log.isEnabledFor(level):
-        attempt = "?" if event.attempt is None else event.attempt
-        extra = {"worker": event.worker, "source_id": event.source_id, "attempt": attempt}
-        log.log(level, "item %s", message, extra=extra)
+    level, message = _SAYINGS[event.kind](event)
+    if level == logging.DEBUG and not _LOG.isEnabledFor(level):
+        return
+    attempt = "?" if event.attempt is None else event.attempt
+    extra = {"worker": event.worker, "source_id": event.source_id, "attempt": attempt}
+    _LOG.log(level, "item %s", message, extra=extra)
 
 
 def _ran(event: Event) -> tuple[int, str]:
@@ -72,6 +73,7 @@ def _released(event: Event) -> tuple[int, str]:
     return logging.DEBUG, "given back by coordinator shutdown before it started"
 
 
+_LOG = logging.getLogger(LOGGER_NAME)
 _SAYINGS: dict[EventKind, Callable[[Event], tuple[int, str]]] = {
     EventKind.FINISHED: _ran,
     EventKind.UNFINISHED: _ran,
@@ -81,6 +83,17 @@ _SAYINGS: dict[EventKind, Callable[[Event], tuple[int, str]]] = {
     EventKind.TIMED_OUT: lambda e: (logging.WARNING, f"timed out: {e.error}"),
     EventKind.LOST: _lost,
     EventKind.RELEASED: _released,
+}
+#: The highest level each kind is logged at (a check before any formatting).
+_MOST = {
+    EventKind.FINISHED: logging.INFO,
+    EventKind.UNFINISHED: logging.INFO,
+    EventKind.FAILED: logging.WARNING,
+    EventKind.RETRIED: logging.WARNING,
+    EventKind.CRASHED: logging.ERROR,
+    EventKind.TIMED_OUT: logging.WARNING,
+    EventKind.LOST: logging.WARNING,
+    EventKind.RELEASED: logging.WARNING,
 }
 
 

@@ -62,18 +62,28 @@ class Reading(DialectInterface):
         return {Phase(status): int(n) for status, n in rows}
 
     def failed(
-        self, conn: Connection, worker: WorkerTable, limit: int | None = None
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        limit: int | None = None,
+        *,
+        tracebacks: bool = False,
     ) -> list[dict[str, Any]]:
+        """FAILED records in key order, at most ``limit``; with their ``traceback``
+        column when asked (it is long, so only a page of items wants it)."""
         table = worker.table
+        columns = [
+            table.c.source_id,
+            table.c.error,
+            table.c.error_type,
+            table.c.attempts,
+            table.c.crashes,
+            table.c.updated_at,
+        ]
+        if tracebacks:
+            columns.append(table.c.traceback)
         query = (
-            select(
-                table.c.source_id,
-                table.c.error,
-                table.c.error_type,
-                table.c.attempts,
-                table.c.crashes,
-                table.c.updated_at,
-            )
+            select(*columns)
             .where(table.c.status == status_literal(Phase.FAILED))
             .order_by(table.c.source_id)
             .limit(limit)

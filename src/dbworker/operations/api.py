@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
@@ -144,13 +144,10 @@ class Operations:
         self, worker: str, limit: int | None = None, *, tracebacks: bool = False
     ) -> list[FailedRecord]:
         """``worker``'s FAILED records in key order, at most ``limit``; with their
-        tracebacks if asked (one more read per item: for a page of them)."""
+        tracebacks if asked (long texts: for a page of them)."""
         registration = self._workers.registration(worker)
         with self._reading() as conn:
-            items = self._dialect.failed(conn, registration.table, limit)
-            if tracebacks:
-                for item in items:
-                    item["traceback"] = self._traceback(conn, registration, item["source_id"])
+            items = self._dialect.failed(conn, registration.table, limit, tracebacks=tracebacks)
             return [FailedRecord(**item) for item in items]
 
     def record(self, worker: str, source_id: Any) -> ItemRecord | None:
@@ -200,9 +197,3 @@ class Operations:
         with self._session_factory() as session:
             yield session.connection()
             session.rollback()
-
-    def _traceback(self, conn: Connection, worker: Registration, source_id: Any) -> str | None:
-        # The dialect's failed() leaves tracebacks out (they are long, and
-        # Worker.failed's items do not carry them); its read_state has them.
-        state = self._dialect.read_state(conn, worker.table, source_id)
-        return None if state is None else cast(str | None, state["traceback"])
