@@ -41,6 +41,12 @@ def logger() -> logging.Logger:
     return log
 
 
+def logs(kind: EventKind) -> bool:
+    """Whether ``log_event`` would log anything of an event of ``kind`` now."""
+    level = _MOST.get(kind)
+    return level is not None and _LOG.isEnabledFor(level)
+
+
 def log_event(event: Event) -> None:
     """Log what the scheduler reports of an item: the listener of the events that
     writes dbworker's log records about items' endings (``scheduling.endings``)."""

@@ -22,7 +22,7 @@ from ..core.policy import Decision, Ending, decide, failure, written
 from ..core.tasks import ErrorInfo, Result, ResultKind
 from ..dialects import Claim, Dialect, WorkerTable
 from ..events import Event, Events
-from ..logs import log_event
+from ..logs import log_event, logs
 
 #: Writes a transition so that it lands eventually (the scheduler's outbox retries it
 #: across an outage; ``drain()`` writes at once): what for (its log records), the write,
@@ -84,6 +84,8 @@ class Endings:
         kind = decision.event
         if kind is None or not report:
             return
+        if not self.events and not logs(kind):
+            return  # nobody listens: an item's claim and finish cost no Event
         if says is None and error is not None:
             says = error.message
         self.report(Event(kind, item.worker, item.source_id, item.attempt, duration, latency, says))
