@@ -5,18 +5,21 @@ of the slots missed while every service was down. On every backend."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import itertools
+import re
 import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from dbworker import Coordinator, ExecutionStatus, Tick
+from dbworker import ConfigurationError, Coordinator, ExecutionStatus, Tick
 from dbworker.core.schedules import MICROSECONDS, to_microseconds
 from dbworker.dialects import for_url
 from serving import process_in_session
@@ -148,3 +151,26 @@ def test_catch_up_after_every_service_was_down(
     later = [s for s in ordered if s > until]
     steps = {b - a for a, b in itertools.pairwise(later)}
     assert later and later[0] - until <= STEP and steps == {STEP}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"cron": "61 * * * *"}, "61 * * * *"),
+        ({"cron": "* * * *"}, "* * * *"),
+        ({"cron": "* * * * *", "every": dt.timedelta(seconds=1)}, "every="),
+        ({}, "cron=None, every=None"),
+        ({"every": dt.timedelta(0)}, "timedelta(0)"),
+        ({"every": dt.timedelta(seconds=-5)}, "timedelta(days=-1, seconds=86395)"),
+        ({"every": dt.timedelta(seconds=1), "timezone": "Mars/Olympus"}, "Mars/Olympus"),
+        ({"every": dt.timedelta(seconds=1), "catch_up": "some"}, "'some'"),
+    ],
+)
+def test_bad_schedules_are_refused_at_registration_naming_the_value(
+    tmp_path: Path, arguments: dict[str, Any], named: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'app.sqlite'}"
+    coordinator = Coordinator(sessionmaker(create_engine(url)), database_url=url)
+    with pytest.raises(ConfigurationError, match=re.escape(named)):
+        coordinator.periodic_worker(app.NAME, **arguments)
+    assert app.NAME not in coordinator.workers
