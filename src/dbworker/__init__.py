@@ -28,6 +28,7 @@ from .operations import (
 )
 from .operator.metrics import PrometheusMetrics, prometheus_metrics
 from .records import ExecutionState, FailedItem
+from .schema import Tick
 from .worker import Worker
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "ServedWorker",
     "SpawnPerTask",
     "Subprocess",
+    "Tick",
     "Unfinished",
     "UnknownWorkerError",
     "Worker",

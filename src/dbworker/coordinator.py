@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import atexit
+import datetime as dt
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, Table, create_engine
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
 from .core.errors import ConfigurationError, DBWorkerError
 from .core.outcomes import Outcome
+from .core.schedules import Schedule
 from .core.status import ExecutionStatus
 from .core.timing import PollBackoff, RetryPolicy, Timings
 from .dialects import Dialect, Owner, for_url
@@ -26,14 +28,16 @@ from .health import Health
 from .invocation import ChildConfig, ProcessRunner
 from .logs import logger
 from .operations import Operations
+from .periodic import Tick, periodic_registration
 from .preflight import (
+    check_coordinator_arguments,
     check_driver,
     check_main_guard,
+    check_stop_timeout,
     check_sync_handler,
-    check_sync_session_factory,
     resolve_sqlite_path,
 )
-from .registry import Heartbeat, Timing, banner, start_heartbeat
+from .registry import Heartbeat, Timing, log_started, start_heartbeat
 from .scheduling import Scheduler, WorkerState
 from .schema import coordinators_table
 from .tables import WorkerTables
@@ -81,15 +85,7 @@ class Coordinator:
         executor: ExecutorChoice | str = "pool",
         notifications: bool = True,
     ) -> None:
-        check_sync_session_factory(session_factory)
-        if not callable(session_factory):
-            raise ConfigurationError("session_factory must be a SQLAlchemy sessionmaker")
-        try:
-            given = make_url(database_url)
-        except Exception as exc:
-            raise ConfigurationError(f"invalid database_url {database_url!r}: {exc}") from exc
-        if engine_options is not None and not isinstance(engine_options, Mapping):
-            raise ConfigurationError("engine_options must be a mapping of create_engine() options")
+        given = check_coordinator_arguments(session_factory, database_url, engine_options)
         self.session_factory = session_factory
         self.engine_options: dict[str, Any] = dict(engine_options or {})
         self._timings = Timings(lease_seconds, poll_seconds, max_poll_seconds)
@@ -180,46 +176,88 @@ class Coordinator:
         [Callable[[SourceModel, Session], OutcomeType]],
         Callable[[SourceModel, Session], OutcomeType],
     ]:
-        """Register the decorated function as the handler of worker ``name``.
-
-        The function is returned unchanged, so it stays callable in unit tests.
-        """
+        """Register the decorated function as the handler of worker ``name``. The
+        function is returned unchanged, so it stays callable in unit tests."""
         check_options(self._url, name, eligible, concurrency, timeout, retry, max_crashes)
         chosen = self._executor_choice if executor is None else resolve_executor(executor)
-        with self._lock:
-            self._check_not_started("register a worker")
-            if name in self._workers:
-                raise ConfigurationError(f"a worker named {name!r} is already registered")
-            # Validate the source now, before the decorator receives the handler.
-            source_mapper(source)
+        self._check_name_free(name)
+        # Validate the source now, before the decorator receives the handler.
+        source_mapper(source)
 
         def register(
             handler: Callable[[SourceModel, Session], OutcomeType],
         ) -> Callable[[SourceModel, Session], OutcomeType]:
-            check_sync_handler(handler)
-            check_importable(handler)
-            chosen.check_handler(name, handler, source)
-            with self._lock:
-                self._check_not_started("register a worker")
-                if name in self._workers:
-                    raise ConfigurationError(f"a worker named {name!r} is already registered")
-                self._workers[name] = Registration(
-                    name=name,
-                    handler=handler,
-                    source=source,
-                    eligible=eligible,
-                    concurrency=concurrency,
-                    dialect=self._dialect,
-                    timeout=timeout,
-                    retry=retry,
-                    max_crashes=max_crashes,
-                    executor=chosen,
-                )
-                # Beside the execution table, so create_all and Alembic see it too.
-                coordinators_table(self._workers[name].table.table.metadata)
+            self._add(
+                chosen,
+                handler,
+                lambda: Registration(
+                    name, handler, source, eligible, concurrency, self._dialect,
+                    timeout, retry, max_crashes, chosen,
+                ),
+            )  # fmt: skip
             return handler
 
         return register
+
+    def periodic_worker(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: dt.timedelta | None = None,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
+        concurrency: int = 1,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        max_crashes: int = DEFAULT_MAX_CRASHES,
+        executor: ExecutorChoice | str | None = None,
+    ) -> Callable[[Callable[[Tick, Session], OutcomeType]], Callable[[Tick, Session], OutcomeType]]:
+        """Register the decorated function as periodic worker ``name``, called with a
+        ``Tick`` for each slot of ``cron`` (five fields, in ``timezone``) or ``every``
+        (a timedelta), made once however many coordinators run. ``catch_up`` ("latest",
+        "all", "none"): what a start after every coordinator was down makes of the
+        slots missed meanwhile."""
+        schedule = Schedule.of(cron=cron, every=every, timezone=timezone, catch_up=catch_up)
+        check_options(self._url, name, None, concurrency, timeout, retry, max_crashes)
+        chosen = self._executor_choice if executor is None else resolve_executor(executor)
+        self._check_name_free(name)
+
+        def register(
+            handler: Callable[[Tick, Session], OutcomeType],
+        ) -> Callable[[Tick, Session], OutcomeType]:
+            self._add(
+                chosen,
+                handler,
+                lambda: periodic_registration(
+                    name, handler, schedule, concurrency=concurrency, dialect=self._dialect,
+                    timeout=timeout, retry=retry, max_crashes=max_crashes, executor=chosen,
+                ),
+            )  # fmt: skip
+            return handler
+
+        return register
+
+    def _check_name_free(self, name: str, made: Registration | None = None) -> None:
+        """Refuse a name already taken, or any after start(); add ``made`` if given,
+        under the same lock."""
+        with self._lock:
+            self._check_not_started("register a worker")
+            if name in self._workers:
+                raise ConfigurationError(f"a worker named {name!r} is already registered")
+            if made is not None:
+                self._workers[name] = made
+                # Beside the execution table, so create_all and Alembic see it too.
+                coordinators_table(made.table.table.metadata)
+
+    def _add(
+        self, chosen: ExecutorChoice, handler: Any, registration: Callable[[], Registration]
+    ) -> None:
+        check_sync_handler(handler)
+        check_importable(handler)
+        made = registration()
+        chosen.check_handler(made.name, handler, made.source)
+        self._check_name_free(made.name, made)
 
     def _registration(self, name: str) -> Registration:
         return RegisteredWorkers(self._workers).registration(name)
@@ -297,19 +335,7 @@ class Coordinator:
                 self._registry_timing,
                 activity=lambda: scheduler.health.claimed + scheduler.health.completed,
             )
-        for worker in self._workers.values():
-            log.debug(
-                "worker started: concurrency %d, executor %r, timeout %s, retry %s, max_crashes %d",
-                worker.concurrency,
-                worker.executor,
-                worker.timeout,
-                worker.retry,
-                worker.max_crashes,
-                extra={"worker": worker.name},
-            )
-        log.info(
-            "%s", banner(self._workers.values(), self._url.render_as_string(hide_password=True))
-        )
+        log_started(self._workers.values(), self._url.render_as_string(hide_password=True))
 
     # -- wake-ups ------------------------------------------------------------------------
 
@@ -393,10 +419,7 @@ class Coordinator:
         ``wait=False`` it only asks (no new claims from now on) and returns; call
         ``wait()`` or ``stop()`` later.
         """
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
-        ):
-            raise ConfigurationError(f"timeout must be a number >= 0, got {timeout!r}")
+        check_stop_timeout(timeout)
         scheduler = self._scheduler
         if scheduler is None:
             return

@@ -13,10 +13,11 @@ import ast
 import inspect
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType, ModuleType
 
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 from .core.errors import ConfigurationError
 from .logs import logger
@@ -198,3 +199,26 @@ def _guarded(statement: ast.stmt) -> bool:
     return isinstance(statement, ast.If) and any(
         isinstance(node, ast.Name) and node.id == "__name__" for node in ast.walk(statement.test)
     )
+
+
+def check_coordinator_arguments(
+    session_factory: object, database_url: str | URL, engine_options: object
+) -> URL:
+    """``Coordinator``'s first arguments checked; ``database_url`` as a URL."""
+    check_sync_session_factory(session_factory)
+    if not callable(session_factory):
+        raise ConfigurationError("session_factory must be a SQLAlchemy sessionmaker")
+    try:
+        given = make_url(database_url)
+    except Exception as exc:
+        raise ConfigurationError(f"invalid database_url {database_url!r}: {exc}") from exc
+    if engine_options is not None and not isinstance(engine_options, Mapping):
+        raise ConfigurationError("engine_options must be a mapping of create_engine() options")
+    return given
+
+
+def check_stop_timeout(timeout: object) -> None:
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
+    ):
+        raise ConfigurationError(f"timeout must be a number >= 0, got {timeout!r}")

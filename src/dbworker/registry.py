@@ -278,6 +278,21 @@ def banner(workers: Iterable[Registration], database: str) -> str:
     )
 
 
+def log_started(workers: Iterable[Registration], database: str) -> None:
+    """Log each worker's settings (debug) and the start-up banner."""
+    for worker in workers:
+        log.debug(
+            "worker started: concurrency %d, executor %r, timeout %s, retry %s, max_crashes %d",
+            worker.concurrency,
+            worker.executor,
+            worker.timeout,
+            worker.retry,
+            worker.max_crashes,
+            extra={"worker": worker.name},
+        )
+    log.info("%s", banner(workers, database))
+
+
 def start_heartbeat(
     engine: Engine,
     dialect: Dialect,

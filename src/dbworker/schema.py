@@ -8,7 +8,8 @@ epoch seconds on the database's clock (a DOUBLE): every dialect can compute
 
 from __future__ import annotations
 
-from typing import Any
+import datetime as dt
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -21,12 +22,15 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
     inspect,
     text,
 )
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
 from .core.names import table_name
+from .core.schedules import from_microseconds
 from .core.status import OPEN
 
 #: Modules the table's definition loads (its indexes carry PostgreSQL and SQLite
@@ -135,3 +139,50 @@ def coordinators_table(metadata: MetaData) -> Table:
 def has_table(conn: Connection, table: Table) -> bool:
     """Whether ``table`` exists (in its schema) on ``conn``'s database."""
     return bool(inspect(conn).has_table(table.name, schema=table.schema))
+
+
+#: Every periodic worker's ticks: one shared table (and one mapped class), because
+#: handler processes load the class a task names by reference.
+TICKS_TABLE = "dbworker_ticks"
+
+
+class _TickBase(DeclarativeBase):
+    """dbworker's own declarative base: ``Tick.metadata`` is not the application's."""
+
+
+class Tick(_TickBase):
+    """One slot of a periodic worker's schedule, made into a row exactly once.
+
+    ``UNIQUE (worker, slot)`` is what makes a slot one row however many coordinators
+    insert it (each inserts and ignores the duplicate). The periodic worker's handler
+    receives its ``Tick``; ``id`` grows with inserts, so discovery finds new ticks
+    above a watermark as it finds any integer-keyed source row.
+    """
+
+    __tablename__ = TICKS_TABLE
+    __table_args__ = (
+        UniqueConstraint("worker", "slot", name=f"{TICKS_TABLE}_slot_uq"),
+        # A worker's ticks in key order: discovery, sweeps and the idle probe read
+        # only that worker's part of the table, bounded without statistics.
+        Index(f"{TICKS_TABLE}_worker_ix", "worker", "id"),
+        # AUTOINCREMENT: SQLite would otherwise reuse the id of a deleted last row.
+        {"comment": "dbworker: periodic workers' ticks", "sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    #: The periodic worker's name.
+    worker: Mapped[str] = mapped_column(String(255), nullable=False)
+    #: The slot, in microseconds since the epoch (exact in every database).
+    slot: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+    @property
+    def scheduled_at(self) -> dt.datetime:
+        """The slot this tick is for, a timezone-aware UTC datetime."""
+        return from_microseconds(self.slot)
+
+    def __repr__(self) -> str:
+        return f"Tick(id={self.id!r}, worker={self.worker!r}, scheduled_at={self.scheduled_at})"
+
+
+#: The ticks table (``Tick.__table__``, typed as the Table it is).
+TICKS: Table = cast(Table, Tick.__table__)

@@ -18,7 +18,7 @@ from .core.errors import ConfigurationError, DBWorkerError
 from .core.names import table_name
 from .dialects import Dialect
 from .preflight import missing_sqlite_file
-from .schema import coordinators_table, expected_columns
+from .schema import TICKS, coordinators_table, expected_columns
 from .worker import Registration
 
 
@@ -48,6 +48,11 @@ class WorkerTables:
             raise ConfigurationError("register a worker first: the registry lives beside it")
         return coordinators_table(first.table.table.metadata)
 
+    def ticks(self) -> list[Table]:
+        """The ticks table, when a periodic worker is registered (else none)."""
+        periodic = any(w.schedule is not None for w in self.workers.values())
+        return [TICKS] if periodic else []
+
     def create(self) -> None:
         """Create the execution tables of all registered workers and the registry
         (idempotent), and check that tables which already exist have the shape this
@@ -56,7 +61,7 @@ class WorkerTables:
             raise ConfigurationError("register workers before create_worker_tables()")
         with self.session_factory() as session:
             bind = session.connection()
-            tables = [w.table.table for w in self.workers.values()]
+            tables = [*self.ticks(), *(w.table.table for w in self.workers.values())]
             for table in [*tables, self.registry()]:
                 table.create(bind, checkfirst=True)
             session.commit()
@@ -66,6 +71,12 @@ class WorkerTables:
         """Check the worker tables through the session factory and, with ``engine``,
         through ``database_url`` too (which child processes and the scheduler use)."""
         inspector = inspect(session.connection())
+        for ticks in self.ticks():
+            if not inspector.has_table(ticks.name):
+                raise ConfigurationError(
+                    f"the table {ticks.name} of the periodic workers does not exist; call "
+                    "coordinator.create_worker_tables() (or run your migrations) first"
+                )
         for worker in self.workers.values():
             name = table_name(worker.name)
             if not inspector.has_table(name):

@@ -11,15 +11,16 @@ import inspect as pyinspect
 import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from sqlalchemy import Integer, Select, Table, inspect, select
+from sqlalchemy import ColumnElement, Integer, Select, Table, inspect, select
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Mapper, Session
 
 from .core.errors import ConfigurationError, UnknownWorkerError
 from .core.names import check_portable_length, validate_worker_name
+from .core.schedules import Schedule
 from .core.status import ExecutionStatus
 from .core.tasks import Task
 from .core.timing import RetryPolicy, require_positive
@@ -27,9 +28,6 @@ from .dialects import Claim, Dialect, WorkerTable
 from .executors import ExecutorChoice, Pool
 from .records import ExecutionState, FailedItem
 from .schema import execution_table
-
-if TYPE_CHECKING:
-    from sqlalchemy import ColumnElement
 
 Handler = Callable[[Any, Session], Any]
 Eligible = Callable[[], Select[Any]]
@@ -130,6 +128,10 @@ class Registration:
     retry: RetryPolicy | None = None
     max_crashes: int = DEFAULT_MAX_CRASHES
     executor: ExecutorChoice = field(default_factory=Pool)
+    #: A periodic worker's schedule (``periodic_worker``); None for the others.
+    schedule: Schedule | None = None
+    #: Which source rows are this worker's, for discovery (``WorkerTable.source_filter``).
+    source_filter: ColumnElement[bool] | None = None
     table: WorkerTable = field(init=False)
 
     def __post_init__(self) -> None:
@@ -137,7 +139,9 @@ class Registration:
         pk = mapper.primary_key[0]
         metadata = pk.table.metadata  # the source table's MetaData: Alembic sees ours too
         table = execution_table(self.name, pk.type, metadata)
-        self.table = WorkerTable(self.name, table, pk, monotonic_keys=isinstance(pk.type, Integer))
+        self.table = WorkerTable(
+            self.name, table, pk, isinstance(pk.type, Integer), self.source_filter
+        )
 
     # -- the eligible query ------------------------------------------------------
 

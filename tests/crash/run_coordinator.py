@@ -9,9 +9,7 @@ which the tests read to see what the coordinator concluded (e.g. a lost claim).
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
@@ -19,6 +17,7 @@ from sqlalchemy.orm import sessionmaker
 from dbworker import Coordinator
 from dbworker.logs import configure as configure_logging
 from dbworker.registry import Timing
+from serving import serve_until_sigterm
 
 from . import app
 
@@ -48,14 +47,7 @@ def main(argv: list[str]) -> int:
     app.register(coordinator, args.concurrency)
     if args.heartbeat is not None:
         coordinator._registry_timing = Timing(heartbeat=args.heartbeat)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    coordinator.start()
-    print("started", flush=True)
-    stop.wait()
-    coordinator.stop()
-    engine.dispose()
-    return 0
+    return serve_until_sigterm(coordinator, engine)
 
 
 # The guard matters beyond style: forkserver imports the main module of the process

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -17,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dbworker import Coordinator, ExecutionState, ExecutionStatus
 from dbworker.dialects import for_url
+from serving import process_in_session
 from waiting import DEADLINE, wait_until
 
 from . import app
@@ -192,7 +192,6 @@ def coordinator_process(
     resource tracker) findable by session id, and lets cleanup kill them as a group.
     """
     module = app.__name__.rpartition(".")[0] + ".run_coordinator"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     command = [
         sys.executable,
         "-m",
@@ -206,21 +205,10 @@ def coordinator_process(
         executor,
         *([] if heartbeat is None else ["--heartbeat", str(heartbeat)]),
     ]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     try:
-        yield process
+        with process_in_session(command, log_path) as process:
+            yield process
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
         # Nothing of it may outlive the test and write into the next test's database.
         wait_until(
             lambda: not live_session_members(process.pid),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 from sqlalchemy import ColumnElement, Float, Table, create_engine, func, select, type_coerce
@@ -59,8 +59,8 @@ class CoarseClock(Dialect):
     def db_now(self) -> ColumnElement[float]:
         return type_coerce(func.floor(self.inner.db_now() / 128) * 128, Float())
 
-    def insert_ignore(self, table: Table) -> Insert:
-        return self.inner.insert_ignore(table)
+    def insert_ignore(self, table: Table, keys: Sequence[str] = ("source_id",)) -> Insert:
+        return self.inner.insert_ignore(table, keys)
 
 
 @pytest.mark.parametrize("breakage", [CoarseClock])

@@ -10,9 +10,20 @@ They are mixins, so one mistake can be applied to each backend's dialect:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Select, Table, and_, literal_column, true, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    Table,
+    and_,
+    insert,
+    literal_column,
+    true,
+    update,
+)
 
 from dbworker.core.status import OPEN, Phase
 from dbworker.dialects import Claim, Dialect, WorkerTable
@@ -105,3 +116,13 @@ def broken(mistake: type, base: type[Dialect]) -> type[Dialect]:
     """``base`` (a real dialect class) with ``mistake``'s one override (a mixin, abstract
     on its own)."""
     return type(f"{mistake.__name__}{base.__name__}", (mistake, base), {})
+
+
+class DoubledTick(Dialect):
+    """(e) Inserts a tick without ignoring a slot already made: a second coordinator
+    making the same slot fails (or, without the unique constraint, makes it twice)."""
+
+    def insert_ticks(
+        self, conn: Connection, ticks: Table, worker: str, slots: Sequence[int]
+    ) -> None:
+        conn.execute(insert(ticks), [{"worker": worker, "slot": slot} for slot in slots])

@@ -16,6 +16,7 @@ from dbworker.dialects import dialect_class
 from dbworker.testing.stateful import ModelMismatch, run_machine
 
 from .broken import (
+    DoubledTick,
     LeaseIgnoringTakeover,
     NoLockClaim,
     UnfencedFinish,
@@ -45,7 +46,7 @@ CASES: list[tuple[str, type]] = [
     ("sqlite", UnguardedClaim),
     *[
         (backend, mistake)
-        for mistake in (UnfencedFinish, UnfencedRenew, LeaseIgnoringTakeover)
+        for mistake in (UnfencedFinish, UnfencedRenew, LeaseIgnoringTakeover, DoubledTick)
         for backend in ("sqlite", "postgresql", "mysql")
     ],
 ]

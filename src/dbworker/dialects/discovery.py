@@ -15,6 +15,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Select,
+    Table,
     bindparam,
     exists,
     func,
@@ -72,7 +73,7 @@ class Discovery(DialectInterface):
         """``columns`` of one batch of source rows in key order, above the ``watermark``
         parameter when ``above``."""
         pk = worker.source_pk
-        query = select(*columns).order_by(pk).limit(self.discovery_batch)
+        query = worker.own(select(*columns).order_by(pk).limit(self.discovery_batch))
         return query.where(pk > bindparam("watermark", type_=pk.type)) if above else query
 
     def _pending_values(self, source_id: ColumnElement[Any]) -> list[ColumnElement[Any]]:
@@ -106,7 +107,7 @@ class Discovery(DialectInterface):
     def sweep(self, conn: Connection, worker: WorkerTable, above: Any = None) -> int:
         """Add pending records for every source row (above ``above``) that has none."""
         table, pk = worker.table, worker.source_pk
-        query = select(pk, self.now()).order_by(pk).limit(self.discovery_batch)
+        query = worker.own(select(pk, self.now()).order_by(pk).limit(self.discovery_batch))
         if above is None:
             query = query.where(~exists().where(table.c.source_id == pk))
         else:
@@ -125,7 +126,7 @@ class Discovery(DialectInterface):
         # max(), not EXISTS(pk > above): every planner answers max() of an indexed
         # column from the index's end, while a never-analyzed PostgreSQL table gets a
         # sequential scan for the EXISTS (and reads it all when nothing is newer).
-        newest = select(func.max(pk)).scalar_subquery()
+        newest = worker.own(select(func.max(pk))).scalar_subquery()
         statement = select(
             or_(
                 newest > bindparam("above", type_=pk.type),
@@ -133,6 +134,16 @@ class Discovery(DialectInterface):
             )
         )
         return bool(conn.execute(statement, {"above": above}).scalar())
+
+    def insert_ticks(
+        self, conn: Connection, ticks: Table, worker: str, slots: Sequence[int]
+    ) -> None:
+        """Make ``slots`` (microseconds since the epoch) of periodic worker ``worker`` into
+        rows of ``ticks``: each becomes one row however many coordinators insert it, as
+        the insert skips the slots its unique (worker, slot) already holds."""
+        if slots:
+            statement = self.insert_ignore(ticks, ("worker", "slot"))
+            conn.execute(statement, [{"worker": worker, "slot": slot} for slot in slots])
 
     def watermark(self, conn: Connection, worker: WorkerTable) -> Any:
         return conn.execute(select(func.max(worker.table.c.source_id))).scalar()

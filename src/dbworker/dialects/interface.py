@@ -34,7 +34,7 @@ what a new database forgot when its class is instantiated, before any SQL runs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import ColumnElement, Connection, Engine, Float, Table, func, literal
@@ -127,8 +127,9 @@ class DialectInterface(ABC):
     # -- writing -------------------------------------------------------------------
 
     @abstractmethod
-    def insert_ignore(self, table: Table) -> Insert:
-        """An INSERT that skips rows whose key exists (another coordinator found them)."""
+    def insert_ignore(self, table: Table, keys: Sequence[str] = ("source_id",)) -> Insert:
+        """An INSERT that skips rows whose key exists (another coordinator found them):
+        ``keys``, the columns of the table's primary key or a unique constraint."""
 
     # -- connections ---------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -96,10 +96,10 @@ class MySQLDialect(Dialect):
             info[_STATEMENT_BINLOG] = statement_binlog
         return not statement_binlog
 
-    def insert_ignore(self, table: Table) -> Insert:
+    def insert_ignore(self, table: Table, keys: Sequence[str] = ("source_id",)) -> Insert:
         # ON DUPLICATE KEY (not INSERT IGNORE, which would also swallow data errors),
         # setting the key to itself: valid after VALUES and after a SELECT alike.
-        return mysql_insert(table).on_duplicate_key_update(source_id=table.c.source_id)
+        return mysql_insert(table).on_duplicate_key_update({keys[0]: table.c[keys[0]]})
 
     def candidates(
         self,

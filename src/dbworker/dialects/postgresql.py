@@ -3,7 +3,7 @@ the planner's statistics-dependent choices switched off for that statement only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import (
@@ -103,8 +103,8 @@ class PostgreSQLDialect(Dialect):
         # what one handler left must not reach the next. Not allowed in a transaction.
         conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("DISCARD ALL")
 
-    def insert_ignore(self, table: Table) -> Insert:
-        return pg_insert(table).on_conflict_do_nothing(index_elements=["source_id"])
+    def insert_ignore(self, table: Table, keys: Sequence[str] = ("source_id",)) -> Insert:
+        return pg_insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
     def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
         # The keys above the watermark go from the source table into pending records

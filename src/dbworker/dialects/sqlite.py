@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -94,8 +95,8 @@ class SQLiteDialect(Dialect):
         # julianday() has millisecond resolution and is fixed for one statement.
         return ((func.julianday(literal("now")) - 2440587.5) * 86400.0).cast(Float())
 
-    def insert_ignore(self, table: Table) -> Insert:
-        return sqlite_insert(table).on_conflict_do_nothing(index_elements=["source_id"])
+    def insert_ignore(self, table: Table, keys: Sequence[str] = ("source_id",)) -> Insert:
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
     def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
         # The keys above the watermark go from the source table into pending records

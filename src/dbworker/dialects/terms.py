@@ -10,7 +10,7 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, literal_column
+from sqlalchemy import ColumnElement, Select, Table, literal_column
 
 from ..core.status import Phase
 
@@ -42,6 +42,13 @@ class WorkerTable:
     source_pk: ColumnElement[Any]
     #: Integer keys grow with inserts, so new rows can be found above a watermark.
     monotonic_keys: bool
+    #: Which rows of the source table are this worker's (a periodic worker's ticks in
+    #: the shared ticks table); discovery, sweeps and the probe look at those alone.
+    source_filter: ColumnElement[bool] | None = None
+
+    def own(self, query: Select[Any]) -> Select[Any]:
+        """``query`` over the source table, narrowed to this worker's rows."""
+        return query if self.source_filter is None else query.where(self.source_filter)
 
 
 def status_literal(phase: Phase) -> ColumnElement[str]:

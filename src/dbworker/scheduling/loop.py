@@ -27,6 +27,7 @@ from ..wakeups import Wakeups
 from .outbox import Deferred, Outbox, SchedulerHealth
 from .outcomes import Outcomes
 from .state import WorkerState
+from .ticks import Ticker
 
 log = logging.getLogger("dbworker")
 
@@ -56,6 +57,8 @@ class Scheduler:
         self.health = SchedulerHealth()
         self.outbox = Outbox(engine, dialect, self.health, self.events)
         self.outcomes = Outcomes(self.outbox, dialect, self.states, self.health, self.events)
+        #: Periodic workers' ticks, made before each pass's polls.
+        self.ticker = Ticker(self.outbox, dialect, states)
         self._stopping = threading.Event()
         self._kill_at: float | None = None
         #: Whether the items claimed ahead were given back after a stop was requested.
@@ -125,6 +128,8 @@ class Scheduler:
                 self.outcomes.enforce_timeouts(now)
                 if now >= self._next_renewal:
                     self._renew()
+                if not self._stopping.is_set():
+                    self.ticker.make(now)
                 for state in self.states.values():
                     # Checked per worker: a stop requested during one worker's poll must
                     # keep the next one from claiming.
@@ -158,6 +163,8 @@ class Scheduler:
             deadlines += [
                 state.next_poll for state in self.states.values() if state.executor.free_slots()
             ]
+            if self.ticker.due is not None:
+                deadlines.append(self.ticker.due)  # the next slot of a periodic worker
         else:
             deadlines.append(now + 0.1)
         if self.outbox.pending:
@@ -221,12 +228,7 @@ class Scheduler:
             return
         for name, state in self.states.items():
             if None in woken or name in woken:
-                # Poll now and discover first. The backoff is left as it is: a wake-up
-                # that finds nothing (another coordinator was faster) must not restart
-                # polling at its shortest interval.
-                state.next_poll = min(state.next_poll, now)
-                state.discovery.ran_short(now)
-                state.discovery.idle = False
+                state.poll_now(now)
 
     # -- renewal ---------------------------------------------------------------------
 

@@ -49,6 +49,15 @@ class WorkerState:
     def __post_init__(self) -> None:
         self.contention = PollBackoff(CONTENDED_RETRY_SECONDS, self.backoff.maximum)
 
+    def poll_now(self, now: float) -> None:
+        """Poll at once, discovering first (a wake-up named this worker, or new ticks
+        were made). The backoff is left as it is: a wake-up that finds nothing
+        (another coordinator was faster) must not restart polling at its shortest
+        interval."""
+        self.next_poll = min(self.next_poll, now)
+        self.discovery.ran_short(now)
+        self.discovery.idle = False
+
     def item(self, source_id: Any, attempt: int | str) -> tuple[str, dict[str, Any]]:
         """How log records name an item: as attributes (``extra``), which formats and
         log pipelines use (see ``dbworker.logs``); the message only says "item"."""

@@ -85,6 +85,8 @@ class MachineBase(RuleBasedStateMachine):
         self.records: dict[int, Record] = {}
         self.items: dict[int, bool] = {}
         self.effects: list[tuple[int, int, str]] = []
+        #: The (worker, slot) of every tick made (``TickRules``).
+        self.made_ticks: set[tuple[str, int]] = set()
         self.actors = [Actor(f"actor{i}") for i in range(ACTORS)]
         self.writers = [Writer(f"writer{i}") for i in range(WRITERS)]
 

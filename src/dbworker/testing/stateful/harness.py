@@ -26,6 +26,7 @@ from sqlalchemy import (
     Select,
     String,
     Table,
+    UniqueConstraint,
     bindparam,
     case,
     create_engine,
@@ -87,6 +88,15 @@ effects = Table(
     Column("kind", String(16), nullable=False),
 )
 executions = execution_table("sm", Integer(), metadata)
+#: Periodic workers' ticks, shaped as ``dbworker_ticks``: one row per (worker, slot).
+ticks = Table(
+    "sm_tick",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("worker", String(32), nullable=False),
+    Column("slot", BigInteger, nullable=False),
+    UniqueConstraint("worker", "slot"),
+)
 WORKER: Final = WorkerTable("sm", executions, items.c.id, monotonic_keys=True)
 
 
@@ -144,7 +154,7 @@ class StatefulHarness:
 
     def reset(self) -> None:
         # DELETE, not DDL: a fresh schema per example would cost more than the example.
-        for table in (effects, executions, items):
+        for table in (effects, executions, items, ticks):
             self.reader.execute(delete(table))
         self.clock.now = START
 

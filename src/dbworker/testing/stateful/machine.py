@@ -55,12 +55,13 @@ from ..harness import DialectFactory
 from .base import describe
 from .harness import ModelMismatch, StatefulHarness, open_harness
 from .holders import HolderRules
+from .ticks import TickRules
 
 if TYPE_CHECKING:
     from hypothesis import settings as Settings
 
 
-class ExecutionMachine(HolderRules):
+class ExecutionMachine(HolderRules, TickRules):
     """Every rule, and the invariants checked after each step. Use
     ``machine_for(harness)``: the harness (engines, dialect) is per test."""
 
