@@ -2,6 +2,7 @@
 
 from .coordinator import Coordinator
 from .core.errors import (
+    Cancelled,
     ConfigurationError,
     DBWorkerError,
     HandlerContractError,
@@ -32,6 +33,7 @@ from .worker import Worker
 
 __all__ = [
     "Backlog",
+    "Cancelled",
     "ConfigurationError",
     "Coordinator",
     "DBWorkerError",
