@@ -12,6 +12,7 @@ from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from .cancellation import Cancellation
 from .core.errors import ConfigurationError, DBWorkerError
 from .core.outcomes import Outcome
 from .core.status import ExecutionStatus
@@ -119,6 +120,8 @@ class Coordinator:
         self._wake_wiring = WakeWiring(
             session_factory, self._dialect, self._url, self._workers, notifications
         )
+        sender = self._wake_wiring.sender
+        self._cancellation = Cancellation(self._dialect, self._workers, sender, self._events)
         self._operations = Operations(
             session_factory=session_factory,
             dialect=self._dialect,
@@ -127,6 +130,7 @@ class Coordinator:
             registry_timing=lambda: self._registry_timing,
             scheduler=lambda: self._scheduler,
             heartbeat=lambda: self._heartbeat,
+            cancel=self._cancellation.cancel,
         )
 
     @property
@@ -457,6 +461,12 @@ class Coordinator:
     ) -> ExecutionStatus | None:
         """The status of ``source_id`` under ``worker``; None before its first claim."""
         return self._registration(worker).status(session, source_id)
+
+    def cancel(self, session: Session, *, worker: str, source_id: Any) -> bool:
+        """Cancel an open item in ``session``'s transaction (``dbworker.cancellation``):
+        FAILED (``dbworker.Cancelled``) at commit, its handler stopped; False for a
+        FINISHED or FAILED item."""
+        return self._cancellation.cancel(session, worker, source_id)
 
     def has_execution_status(
         self, *, worker: str, source_id: Any, statuses: Iterable[ExecutionStatus]

@@ -72,6 +72,16 @@ def _released(event: Event) -> tuple[int, str]:
     return logging.DEBUG, "given back by coordinator shutdown before it started"
 
 
+def _cancelled(event: Event) -> tuple[int, str]:
+    # The canceller's coordinator reports items no one ran (no attempt); a holder, the
+    # run it stopped, or one that went to its end and whose finish the cancel beat.
+    if event.attempt is None:
+        return logging.INFO, "cancelled"
+    if event.duration is not None:
+        return logging.WARNING, "cancelled; its writes were rolled back"
+    return logging.WARNING, "cancelled; handler stopped"
+
+
 _SAYINGS: dict[EventKind, Callable[[Event], tuple[int, str]]] = {
     EventKind.FINISHED: _ran,
     EventKind.UNFINISHED: _ran,
@@ -81,6 +91,7 @@ _SAYINGS: dict[EventKind, Callable[[Event], tuple[int, str]]] = {
     EventKind.TIMED_OUT: lambda e: (logging.WARNING, f"timed out: {e.error}"),
     EventKind.LOST: _lost,
     EventKind.RELEASED: _released,
+    EventKind.CANCELLED: _cancelled,
 }
 
 
