@@ -16,6 +16,8 @@ from dbworker.dialects import dialect_class
 from dbworker.testing.stateful import ModelMismatch, run_machine
 
 from .broken import (
+    CancelLeavesUndiscovered,
+    ClaimsCancelled,
     LeaseIgnoringTakeover,
     NoLockClaim,
     UnfencedFinish,
@@ -45,7 +47,13 @@ CASES: list[tuple[str, type]] = [
     ("sqlite", UnguardedClaim),
     *[
         (backend, mistake)
-        for mistake in (UnfencedFinish, UnfencedRenew, LeaseIgnoringTakeover)
+        for mistake in (
+            UnfencedFinish,
+            UnfencedRenew,
+            LeaseIgnoringTakeover,
+            CancelLeavesUndiscovered,
+            ClaimsCancelled,
+        )
         for backend in ("sqlite", "postgresql", "mysql")
     ],
 ]
