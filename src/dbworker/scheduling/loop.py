@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from ..core.timing import Timings
-from ..dialects import Claims, Dialect, Owner, WorkerTable
+from ..dialects import Claims, Dialect, Owner
 from ..events import Events
 from ..wakeups import Wakeups
 from ..wakeups.cancels import cancelled_workers
@@ -300,18 +300,13 @@ class Scheduler:
             try:
                 cancelled = self.outbox.transaction(
                     f"checking the held items of worker={name} for cancels",
-                    functools.partial(self._cancelled, table=state.worker.table, held=held),
+                    functools.partial(self.dialect.cancelled, worker=state.worker.table, held=held),
                     read_only=True,
                 )
             except Deferred:
                 continue
             for source_id in cancelled:
                 self.outcomes.cancelled(state, source_id)
-
-    def _cancelled(
-        self, conn: Connection, table: WorkerTable, held: list[tuple[Any, int]]
-    ) -> list[Any]:
-        return self.dialect.cancelled(conn, table, held)
 
     # -- polling and claiming --------------------------------------------------------
 
