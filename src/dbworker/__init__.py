@@ -2,6 +2,7 @@
 
 from .coordinator import Coordinator
 from .core.errors import (
+    Cancelled,
     ConfigurationError,
     DBWorkerError,
     HandlerContractError,
@@ -33,6 +34,7 @@ from .worker import Worker
 
 __all__ = [
     "Backlog",
+    "Cancelled",
     "ConfigurationError",
     "Coordinator",
     "DBWorkerError",

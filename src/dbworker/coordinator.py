@@ -9,10 +9,11 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Table, create_engine
+from sqlalchemy import Engine, Table
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
+from .cancellation import Cancellation
 from .core.errors import ConfigurationError, DBWorkerError
 from .core.outcomes import Outcome
 from .core.schedules import Schedule
@@ -20,8 +21,9 @@ from .core.status import ExecutionStatus
 from .core.timing import PollBackoff, RetryPolicy, Timings
 from .dialects import Dialect, Owner, for_url
 from .drain import DEFAULT_MAX_INVOCATIONS, DrainReport, drain
+from .engines import coordination_engine
 from .events import Events
-from .executors import Executor, ExecutorChoice
+from .executors import ExecutorChoice
 from .executors import resolve as resolve_executor
 from .forkserver import preload_forkserver
 from .health import Health
@@ -115,6 +117,8 @@ class Coordinator:
         self._wake_wiring = WakeWiring(
             session_factory, self._dialect, self._url, self._workers, notifications
         )
+        sender = self._wake_wiring.sender
+        self._cancellation = Cancellation(self._dialect, self._workers, sender, self._events)
         self._operations = Operations(
             session_factory=session_factory,
             dialect=self._dialect,
@@ -123,6 +127,7 @@ class Coordinator:
             registry_timing=lambda: self._registry_timing,
             scheduler=lambda: self._scheduler,
             heartbeat=lambda: self._heartbeat,
+            cancel=self._cancellation.cancel,
         )
 
     @property
@@ -305,7 +310,8 @@ class Coordinator:
                 timings = self._timings
                 for worker in self._workers.values():
                     backoff = PollBackoff(timings.poll_seconds, timings.max_poll_seconds)
-                    states.append(WorkerState(worker, self._executor(worker, runner), backoff))
+                    executor = worker.executor.build(worker.concurrency, runner, os.getpid())
+                    states.append(WorkerState(worker, executor, backoff))
                 scheduler = Scheduler(
                     engine,
                     self._dialect,
@@ -366,14 +372,8 @@ class Coordinator:
         config = ChildConfig(self.database_url, self.engine_options, type(self._dialect))
         return ProcessRunner(config)
 
-    def _executor(self, worker: Registration, runner: ProcessRunner) -> Executor:
-        return worker.executor.build(worker.concurrency, runner, _pid())
-
     def _coordination_engine(self) -> Engine:
-        options = {**self._dialect.coordinator_engine_options(), **self.engine_options}
-        engine = create_engine(self._url, **options)
-        self._dialect.configure_engine(engine)
-        return engine
+        return coordination_engine(self._url, self._dialect, self.engine_options)
 
     def drain(
         self,
@@ -481,6 +481,12 @@ class Coordinator:
         """The status of ``source_id`` under ``worker``; None before its first claim."""
         return self._registration(worker).status(session, source_id)
 
+    def cancel(self, session: Session, *, worker: str, source_id: Any) -> bool:
+        """Cancel an open item in ``session``'s transaction (``dbworker.cancellation``):
+        FAILED (``dbworker.Cancelled``) at commit, its handler stopped; False for a
+        FINISHED or FAILED item."""
+        return self._cancellation.cancel(session, worker, source_id)
+
     def has_execution_status(
         self, *, worker: str, source_id: Any, statuses: Iterable[ExecutionStatus]
     ) -> Any:
@@ -489,10 +495,6 @@ class Coordinator:
         Use it in ``where()``, including inside another worker's ``eligible``.
         """
         return self._registration(worker).has_status(source_id, statuses)
-
-
-def _pid() -> int:
-    return os.getpid()
 
 
 __all__ = ["Coordinator", "DBWorkerError"]

@@ -54,9 +54,10 @@ def log_event(event: Event) -> None:
     level = _MOST.get(event.kind)
     if level is None or not _LOG.isEnabledFor(level):
         return
-    level, message = _SAYINGS[event.kind](event)
-    if level == logging.DEBUG and not _LOG.isEnabledFor(level):
+    said, message = _SAYINGS[event.kind](event)
+    if said < level and not _LOG.isEnabledFor(said):
         return
+    level = said
     attempt = "?" if event.attempt is None else event.attempt
     extra = {"worker": event.worker, "source_id": event.source_id, "attempt": attempt}
     _LOG.log(level, "item %s", message, extra=extra)
@@ -80,6 +81,18 @@ def _released(event: Event) -> tuple[int, str]:
 
 
 _LOG = logging.getLogger(LOGGER_NAME)
+
+
+def _cancelled(event: Event) -> tuple[int, str]:
+    # The canceller's coordinator reports items no one ran (no attempt); a holder, the
+    # run it stopped, or one that went to its end and whose finish the cancel beat.
+    if event.attempt is None:
+        return logging.INFO, "cancelled"
+    if event.duration is not None:
+        return logging.WARNING, "cancelled; its writes were rolled back"
+    return logging.WARNING, "cancelled; handler stopped"
+
+
 _SAYINGS: dict[EventKind, Callable[[Event], tuple[int, str]]] = {
     EventKind.FINISHED: _ran,
     EventKind.UNFINISHED: _ran,
@@ -89,6 +102,7 @@ _SAYINGS: dict[EventKind, Callable[[Event], tuple[int, str]]] = {
     EventKind.TIMED_OUT: lambda e: (logging.WARNING, f"timed out: {e.error}"),
     EventKind.LOST: _lost,
     EventKind.RELEASED: _released,
+    EventKind.CANCELLED: _cancelled,
 }
 #: The highest level each kind is logged at (a check before any formatting).
 _MOST = {
@@ -100,6 +114,7 @@ _MOST = {
     EventKind.TIMED_OUT: logging.WARNING,
     EventKind.LOST: logging.WARNING,
     EventKind.RELEASED: logging.WARNING,
+    EventKind.CANCELLED: logging.WARNING,
 }
 
 

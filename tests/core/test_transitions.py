@@ -26,6 +26,7 @@ from dbworker.core.transitions import (
     ZERO,
     Record,
     Transition,
+    cancel,
     check,
     claim,
     fail,
@@ -89,6 +90,8 @@ def apply(record: Record, event: Transition, target: Phase) -> Record:
         return crash_release(crashed, record.token, "killed")
     if event is Transition.RESET:
         return reset_failed(record)
+    if event is Transition.CANCEL:
+        return cancel(record, "Cancelled: item cancelled")
     raise AssertionError(f"no way to cause {event}")
 
 
@@ -127,6 +130,9 @@ def test_the_table_is_the_designed_state_machine() -> None:
         (W, Transition.CRASH): {U},
         (W, Transition.GIVE_UP): {X},
         (X, Transition.RESET): {U},
+        (P, Transition.CANCEL): {X},
+        (U, Transition.CANCEL): {X},
+        (W, Transition.CANCEL): {X},
     }
     fenced = {ev for ev in Transition if is_fenced(ev)}
     assert fenced == set(FENCED_EVENTS)
@@ -167,6 +173,7 @@ def test_each_row_sets_what_its_transition_means() -> None:
             "owner_host": NULL,
             "owner_pid": NULL,
         },
+        Transition.CANCEL: {**ended, "not_before": NULL, **error, "finished_at": NOW_VALUE},
     }
     reports = {transition: row.reports for transition, row in ROWS.items()}
     assert reports == {
@@ -181,6 +188,7 @@ def test_each_row_sets_what_its_transition_means() -> None:
         Transition.CRASH: EventKind.CRASHED,
         Transition.GIVE_UP: EventKind.CRASHED,
         Transition.RESET: None,
+        Transition.CANCEL: EventKind.CANCELLED,
     }
 
 
@@ -242,6 +250,9 @@ def test_legal_transition_effects(phase: Phase, event: Transition, target: Phase
         assert after.not_before == NOW + 5.0
     if event is Transition.RESET:
         assert (after.error, after.failures, after.crashes) == (None, 0, 0)
+    if event is Transition.CANCEL:
+        assert (after.error, after.not_before) == ("Cancelled: item cancelled", None)
+        assert after.claimable(NOW + 10 * LEASE) is None  # never claimed until reset
 
 
 def test_claim_from_nothing_treats_no_record_as_pending() -> None:

@@ -29,6 +29,7 @@ WORKER = "crash"
 QUICK = "quick"  # write an effect, Finished
 SLEEP = "sleep"  # sleep sleep_seconds, write an effect, Finished
 GATE = "gate"  # wait for the test's go file, write an effect, Finished
+WRITE_GATE = "writegate"  # write an effect (flushed), then wait for the go file, Finished
 UNFINISHED = "unfinished"  # write an effect, Unfinished
 RAISE = "raise"  # write an effect, then raise
 SIGKILL_SELF = "sigkill"  # SIGKILL its own process
@@ -118,6 +119,9 @@ def handle(source: Item, session: Session) -> Outcome:
     # transaction: if the effect is absent later, the rollback removed it.
     session.flush()
     touch(marker_path(workdir, "flushed", item_id, run))
+    if mode == WRITE_GATE:
+        wait_for_gate(workdir, item_id, run)
+        touch(marker_path(workdir, "passed", item_id, run))
 
     def rolled_back(_session: Any) -> None:
         touch(marker_path(workdir, "rolledback", item_id, run))

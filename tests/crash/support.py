@@ -86,7 +86,13 @@ def open_dbworker_engine(url: str) -> Engine:
 
 
 def make_coordinator(
-    engine: Engine, url: str, *, lease_seconds: float, concurrency: int
+    engine: Engine,
+    url: str,
+    *,
+    lease_seconds: float,
+    concurrency: int,
+    max_poll_seconds: float = 0.2,
+    notifications: bool = True,
 ) -> Coordinator:
     """A coordinator of the crash worker, with its tables created, not started."""
     coordinator = Coordinator(
@@ -95,7 +101,8 @@ def make_coordinator(
         lease_seconds=lease_seconds,
         # Quick polls keep the tests short; they do not change what is tested.
         poll_seconds=0.05,
-        max_poll_seconds=0.2,
+        max_poll_seconds=max_poll_seconds,
+        notifications=notifications,
     )
     app.register(coordinator, concurrency)
     app.Base.metadata.tables[app.Item.__tablename__].create(engine, checkfirst=True)

@@ -16,11 +16,13 @@ from typing import Any, ClassVar
 from sqlalchemy import ColumnElement, Connection, Select, Table, exists, func, or_, select, update
 
 from dbworker.core.status import ExecutionStatus, Phase
+from dbworker.core.transitions import Transition
 from dbworker.dialects import Claim, Dialect, ErrorInfo, Owner, WorkerTable
-from dbworker.dialects.base import claim_columns
+from dbworker.dialects.base import CANCELLED, claim_columns
 from dbworker.dialects.mysql import MySQLDialect
 from dbworker.dialects.postgresql import PostgreSQLDialect
 from dbworker.dialects.sqlite import SQLiteDialect
+from dbworker.dialects.terms import NEVER_ISSUED_TOKEN
 
 # -- generic breakages (mixins) -----------------------------------------------------------
 
@@ -127,6 +129,36 @@ class ResetsAnything(Dialect):
             update(table)
             .where(table.c.source_id == source_id)
             .values(status=Phase.UNFINISHED.value, error=None, lease_expires_at=None)
+        )
+        return conn.execute(statement).rowcount == 1
+
+
+class CancelLeavesUndiscovered(Dialect):
+    """cancel() writes the CANCEL row only where a record exists: an item not yet
+    discovered is left without one, and discovery later makes it pending."""
+
+    def cancel(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
+        return self.transition(
+            conn, worker, Transition.CANCEL, source_id, NEVER_ISSUED_TOKEN, error=CANCELLED
+        )
+
+
+class CancelIgnoresStatus(Dialect):
+    """cancel() fails any record, finished ones and a finish that just won included."""
+
+    def cancel(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
+        table = worker.table
+        statement = (
+            update(table)
+            .where(table.c.source_id == source_id)
+            .values(
+                status=Phase.FAILED.value,
+                error=CANCELLED.message,
+                error_type=CANCELLED.type,
+                lease_expires_at=None,
+                not_before=None,
+                finished_at=self.now(),
+            )
         )
         return conn.execute(statement).rowcount == 1
 
@@ -490,6 +522,18 @@ BREAKAGES: tuple[Breakage, ...] = (
         mixin(WatermarkOnAnyKey),
         EVERYWHERE,
         ("non_integer_keys_discovered",),
+    ),
+    Breakage(
+        "cancel-leaves-undiscovered",
+        mixin(CancelLeavesUndiscovered),
+        EVERYWHERE,
+        ("cancel_open_records",),
+    ),
+    Breakage(
+        "cancel-ignores-status",
+        mixin(CancelIgnoresStatus),
+        EVERYWHERE,
+        ("cancel_open_records", "cancel_racing_finish"),
     ),
     Breakage("read-state-shows-token", mixin(ReadStateShowsToken), EVERYWHERE, ("read_state",)),
     Breakage("read-state-shows-pending", mixin(ReadStateShowsPending), EVERYWHERE, ("read_state",)),

@@ -265,6 +265,29 @@ def test_retry_all(ops: Site) -> None:
     assert nothing == {"reset": [], "not_failed": []}
 
 
+# -- cancel -------------------------------------------------------------------------------------
+
+
+def test_cancel_an_open_item_and_not_a_finished_one(ops: Site) -> None:
+    coordinator = worked(ops)
+    human = ok(dbworker(ops.url, "cancel", REFERENCE, "jobs", "5", cwd=ops.workdir))
+    assert human.strip() == "cancelled item 5 of jobs"
+    state = ops.state(coordinator, "jobs", 5)
+    assert state is not None
+    assert (state["execution_status"], state["error_type"]) == (
+        ExecutionStatus.FAILED,
+        "dbworker.Cancelled",
+    )
+    again = json.loads(
+        ok(dbworker(ops.url, "cancel", REFERENCE, "jobs", "1", "--json", cwd=ops.workdir))
+    )
+    assert again == {"worker": "jobs", "source_id": 1, "cancelled": False}
+    assert ops.statuses(coordinator, "jobs", [1]) == {1: ExecutionStatus.FINISHED}
+    # Retried, the cancelled item runs again.
+    assert ok(dbworker(ops.url, "retry", REFERENCE, "jobs", "5", cwd=ops.workdir))
+    assert ops.statuses(coordinator, "jobs", [5]) == {5: ExecutionStatus.UNFINISHED}
+
+
 @pytest.mark.backends("sqlite")
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -580,6 +603,8 @@ def test_the_coordinator_from_dbworker_app(ops: Site) -> None:
         (["retry", REFERENCE, "nope", "1"], 2, "(registered: jobs, quick)"),
         (["retry", REFERENCE, "jobs"], 2, "name the ids to retry, or --all"),
         (["retry", REFERENCE, "jobs", "x"], 2, "'x' is not a valid id for worker 'jobs'"),
+        (["cancel", REFERENCE, "nope", "1"], 2, "(registered: jobs, quick)"),
+        (["cancel", REFERENCE, "jobs", "x"], 2, "'x' is not a valid id for worker 'jobs'"),
         (["status", REFERENCE], 1, "the worker table(s) dbworker_jobs, dbworker_quick do not"),
     ],
     ids=[
@@ -590,6 +615,8 @@ def test_the_coordinator_from_dbworker_app(ops: Site) -> None:
         "retry-unknown-worker",
         "retry-no-ids",
         "retry-bad-id",
+        "cancel-unknown-worker",
+        "cancel-bad-id",
         "no-tables",
     ],
 )
@@ -625,7 +652,7 @@ def test_failed_json_has_iso_8601_timestamps(ops: Site) -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [[], ["run"], ["create-tables"], ["status"], ["failed"], ["retry"]]
+    "args", [[], ["run"], ["create-tables"], ["status"], ["failed"], ["retry"], ["cancel"]]
 )
 def test_help_is_plain_text(args: list[str]) -> None:
     result = subprocess.run(

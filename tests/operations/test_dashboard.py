@@ -65,6 +65,26 @@ def test_pages_render_and_retry_resets(ops: Site) -> None:
     assert ops.statuses(coordinator, "jobs", [4]) == {4: ExecutionStatus.UNFINISHED}
 
 
+def test_the_item_page_cancels_an_open_item(ops: Site) -> None:
+    coordinator = worked(ops)  # job 5 is UNFINISHED, job 1 FINISHED
+    client = TestClient(create_app(coordinator), base_url=LOCAL)
+    item = client.get("/workers/jobs/items/5")
+    assert item.status_code == 200 and 'id="cancel"' in item.text
+    assert 'id="cancel"' not in client.get("/workers/jobs/items/1").text
+    token = csrf_of(item.text)
+    done = client.post("/workers/jobs/items/5/cancel", data={"csrf": token})
+    assert done.status_code == 200 and "cancelled: it does not run again" in done.text
+    assert 'id="cancel"' not in done.text and 'id="retry"' in done.text
+    assert ops.statuses(coordinator, "jobs", [5]) == {5: ExecutionStatus.FAILED}
+    state = ops.state(coordinator, "jobs", 5)
+    assert state is not None and state["error_type"] == "dbworker.Cancelled"
+    left = client.post("/workers/jobs/items/1/cancel", data={"csrf": token})
+    assert "not open: left alone" in left.text
+    assert ops.statuses(coordinator, "jobs", [1]) == {1: ExecutionStatus.FINISHED}
+    refused = client.post("/workers/jobs/items/5/cancel", data={"csrf": "guessed"})
+    assert refused.status_code == 403
+
+
 def test_forged_and_tokenless_posts_are_refused(ops: Site) -> None:
     coordinator = worked(ops)
     client = TestClient(create_app(coordinator), base_url=LOCAL)
@@ -91,6 +111,7 @@ def test_read_only_has_no_actions(ops: Site) -> None:
     client = TestClient(create_app(coordinator, read_only=True), base_url=LOCAL)
     page = client.get("/workers/jobs")
     assert page.status_code == 200 and "Retry" not in page.text
+    assert "Cancel" not in client.get("/workers/jobs/items/5").text
     assert client.post("/workers/jobs/retry-failed", data={}).status_code == 403
     assert ops.statuses(coordinator, "jobs", [3]) == {3: ExecutionStatus.FAILED}
 

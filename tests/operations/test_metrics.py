@@ -50,6 +50,10 @@ def test_metrics_after_failures_retries_and_a_crash(ops: Site) -> None:
     ops.add_jobs([3], app.FAIL, fail_times=1, error="value")
     ops.add_jobs([4], app.FAIL, fail_times=99, error="value")
     ops.add_jobs([5], app.KILL)
+    ops.add_jobs([6], app.QUICK)
+    with coordinator.session_factory() as session:  # cancelled before it ever runs
+        assert coordinator.cancel(session, worker="jobs", source_id=6)
+        session.commit()
     try:
         coordinator.start()
         ops.wait_for_status(coordinator, "jobs", FINISHED_IDS, ExecutionStatus.FINISHED)
@@ -77,6 +81,7 @@ def test_metrics_after_failures_retries_and_a_crash(ops: Site) -> None:
     assert value("dbworker_items_timed_out_total") == 0
     assert value("dbworker_items_lost_total") == 0
     assert value("dbworker_items_released_total") == 0
+    assert value("dbworker_items_cancelled_total") == 1
     assert samples[("dbworker_database_errors_total", ())] == 0
     # Every invocation that ran its handler to an end: 3 finished, 3 retried, 1 failed.
     assert value("dbworker_handler_duration_seconds_count") == 7

@@ -16,7 +16,7 @@ from dbworker.core.tasks import ErrorInfo, Result, ResultKind
 from dbworker.core.transitions import Transition
 from dbworker.dialects import Claim, Dialect, WorkerTable
 from dbworker.logs import log_event
-from dbworker.scheduling.endings import ClaimedItem, Endings
+from dbworker.scheduling.endings import CANCELLED, ClaimedItem, Endings
 
 TABLE = cast(WorkerTable, object())
 ITEM = ClaimedItem("job", TABLE, 7, token=3, attempt=2)
@@ -147,6 +147,13 @@ def test_a_vanished_holder_is_given_up_at_the_limit(crashes: int, runs: bool) ->
     assert h.reported == ([] if runs else [EventKind.CRASHED])
 
 
+def test_a_cancel_writes_nothing() -> None:
+    # The canceller wrote the CANCEL row; the holder only reports it.
+    h = Harness()
+    h.endings.conclude(ITEM, CANCELLED, recorded=True)
+    assert (h.written, h.reported) == ([], [EventKind.CANCELLED])
+
+
 def test_a_lost_claim_writes_nothing() -> None:
     h = Harness()
     h.endings.conclude(ITEM, decide(Ending.LOST))
@@ -180,6 +187,16 @@ SAYINGS = [
         logging.WARNING,
         "item stopped by coordinator shutdown; released",
     ),
+    (
+        Event(EventKind.CANCELLED, "job", 7, 2),
+        logging.WARNING,
+        "item cancelled; handler stopped",
+    ),
+    (
+        Event(EventKind.CANCELLED, "job", 7, 2, duration=1.0),
+        logging.WARNING,
+        "item cancelled; its writes were rolled back",
+    ),
 ]
 
 
@@ -193,6 +210,18 @@ def test_the_log_listener_says_each_ending_with_the_item_attributes(
     assert (record.levelno, record.getMessage()) == (level, message)
     assert (record.__dict__["worker"], record.__dict__["source_id"]) == ("job", 7)
     assert record.__dict__["attempt"] == 2
+
+
+def test_a_cancel_no_one_ran_is_logged_without_an_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Reported by the canceller's coordinator: no claim, so no attempt.
+    caplog.set_level(logging.DEBUG, logger="dbworker")
+    log_event(Event(EventKind.CANCELLED, "job", 7))
+    [record] = caplog.records
+    assert (record.levelno, record.getMessage()) == (logging.INFO, "item cancelled")
+    assert (record.__dict__["worker"], record.__dict__["source_id"]) == ("job", 7)
+    assert record.__dict__["attempt"] == "?"
 
 
 @pytest.mark.parametrize("kind", list(EventKind), ids=str)

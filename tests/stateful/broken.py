@@ -21,12 +21,16 @@ from sqlalchemy import (
     and_,
     insert,
     literal_column,
+    or_,
     true,
     update,
 )
 
 from dbworker.core.status import OPEN, Phase
+from dbworker.core.transitions import Transition
 from dbworker.dialects import Claim, Dialect, WorkerTable
+from dbworker.dialects.base import CANCELLED
+from dbworker.dialects.terms import NEVER_ISSUED_TOKEN
 
 
 def _status(table: Table, phase: Phase) -> ColumnElement[bool]:
@@ -110,6 +114,24 @@ class LeaseIgnoringTakeover(Dialect):
         open_ = table.c.status.in_([literal_column(f"'{p.value}'") for p in sorted(OPEN)])
         due = (table.c.not_before.is_(None)) | (table.c.not_before <= now)
         return and_(open_, ~_status(table, Phase.UNFINISHED) | due)
+
+
+class CancelLeavesUndiscovered(Dialect):
+    """(e) Cancels only records that exist: an item not discovered yet gets none, and
+    discovery then makes it pending and a claim runs it."""
+
+    def cancel(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
+        return self.transition(
+            conn, worker, Transition.CANCEL, source_id, NEVER_ISSUED_TOKEN, error=CANCELLED
+        )
+
+
+class ClaimsCancelled(Dialect):
+    """(e) The claim guard admits cancelled records (FAILED with dbworker.Cancelled)."""
+
+    def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
+        cancelled = and_(_status(table, Phase.FAILED), table.c.error_type == CANCELLED.type)
+        return or_(super().claimable(table, now), cancelled)
 
 
 def broken(mistake: type, base: type[Dialect]) -> type[Dialect]:

@@ -16,6 +16,8 @@ from dbworker.dialects import dialect_class
 from dbworker.testing.stateful import ModelMismatch, run_machine
 
 from .broken import (
+    CancelLeavesUndiscovered,
+    ClaimsCancelled,
     DoubledTick,
     LeaseIgnoringTakeover,
     NoLockClaim,
@@ -46,7 +48,14 @@ CASES: list[tuple[str, type]] = [
     ("sqlite", UnguardedClaim),
     *[
         (backend, mistake)
-        for mistake in (UnfencedFinish, UnfencedRenew, LeaseIgnoringTakeover, DoubledTick)
+        for mistake in (
+            UnfencedFinish,
+            UnfencedRenew,
+            LeaseIgnoringTakeover,
+            CancelLeavesUndiscovered,
+            ClaimsCancelled,
+            DoubledTick,
+        )
         for backend in ("sqlite", "postgresql", "mysql")
     ],
 ]

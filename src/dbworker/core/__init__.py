@@ -5,6 +5,7 @@ No SQL, no I/O, no clock reads, no threads.
 """
 
 from .errors import (
+    Cancelled,
     ConfigurationError,
     DBWorkerError,
     HandlerContractError,
@@ -28,6 +29,7 @@ __all__ = [
     "ROWS",
     "TERMINAL",
     "TRANSITIONS",
+    "Cancelled",
     "ConfigurationError",
     "DBWorkerError",
     "Decision",

@@ -38,3 +38,9 @@ class WorkerCrashed(DBWorkerError):
 
 class HandlerTimeout(DBWorkerError):
     """A handler ran longer than its worker's ``timeout`` and was killed."""
+
+
+class Cancelled(DBWorkerError):
+    """The item was cancelled (``Coordinator.cancel``): its record is FAILED with this
+    error type (``dbworker.Cancelled``) until ``reset_failed``, and a handler that was
+    running it was stopped, its transaction rolled back."""

@@ -29,5 +29,8 @@ class EventKind(enum.StrEnum):
     #: A stopping coordinator gave the item back, claimable at once by anyone: its
     #: handler was killed at the stop's deadline, or it had not started.
     RELEASED = "released"
+    #: The item was cancelled (``coordinator.cancel``): FAILED with ``dbworker.Cancelled``,
+    #: its handler (if one ran) stopped and its writes rolled back.
+    CANCELLED = "cancelled"
     #: A coordination transaction failed (the database was unreachable, a deadlock).
     DATABASE_ERROR = "database_error"

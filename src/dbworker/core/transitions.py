@@ -41,6 +41,7 @@ class Transition(enum.StrEnum):
     CRASH = "crash"  # its process died: claimable at once, counted as a crash
     GIVE_UP = "give_up"  # its process died once too often (the crash limit): FAILED
     RESET = "reset"  # reset_failed
+    CANCEL = "cancel"  # coordinator.cancel(): never runs (again) until reset_failed
 
 
 class Value(enum.Enum):
@@ -215,6 +216,18 @@ ROWS: Mapping[Transition, Row] = {
             },
             reports=None,
         ),
+        # Unfenced: the canceller holds no token. A holder's fenced finish and this
+        # guarded UPDATE meet on one row, so exactly one of them wins; the holder finds
+        # out (its renewal, or its finish, no longer matches) and stops its handler.
+        _row(
+            Transition.CANCEL,
+            (P, U, W),
+            X,
+            fenced=False,
+            sets={**_ENDED, "not_before": NULL, **_WITH_ERROR, "finished_at": NOW},
+            reports=EventKind.CANCELLED,
+            guard="not finished or failed",
+        ),
     )
 }
 
@@ -382,6 +395,11 @@ def releasing(*, gives_up: bool, counts_crash: bool) -> Transition:
             raise ValueError("giving up is for crashes: the crash limit counts them")
         return Transition.GIVE_UP
     return Transition.CRASH if counts_crash else Transition.RELEASE
+
+
+def cancel(record: Record, error: str) -> Record:
+    """Cancel an open record (pending, unfinished or working): FAILED with ``error``."""
+    return apply(record, Transition.CANCEL, error=error)
 
 
 def reset_failed(record: Record) -> Record:

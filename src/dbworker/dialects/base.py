@@ -17,21 +17,28 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from sqlalchemy import Connection, select
+
+from ..core.tasks import ErrorInfo
+from ..core.transitions import Transition
 from .claiming import Claiming
 from .discovery import Discovery
 from .fenced import FencedTransitions
-from .reading import Reading
+from .reading import CANCELLED_TYPE, Reading
 from .terms import (
+    NEVER_ISSUED_TOKEN,
     PENDING_COLUMNS,
     READ_ONLY_OPTION,
     Claim,
     Claims,
     Owner,
+    WorkerTable,
     claim_columns,
     epoch_to_datetime,
 )
 
 __all__ = [
+    "CANCELLED",
     "PENDING_COLUMNS",
     "READ_ONLY_OPTION",
     "Claim",
@@ -41,6 +48,9 @@ __all__ = [
     "claim_columns",
     "epoch_to_datetime",
 ]
+
+#: What a cancelled record's error fields hold (``dbworker.Cancelled``).
+CANCELLED = ErrorInfo("Cancelled: the item was cancelled", CANCELLED_TYPE)
 
 
 class Dialect(Claiming, Discovery, Reading, FencedTransitions):
@@ -64,3 +74,29 @@ class Dialect(Claiming, Discovery, Reading, FencedTransitions):
         for flag, methods in cls._FLAGS_VOUCHING_FOR.items():
             if flag not in own and any(method in own for method in methods):
                 setattr(cls, flag, False)
+
+    def cancel(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
+        """Cancel ``source_id`` (the CANCEL row: FAILED with ``dbworker.Cancelled``) if
+        its record is open; True if a record changed.
+
+        An item not discovered yet gets its pending record first (insert-or-ignore, as
+        discovery adds it), so that no discovery can make it pending later. A source id
+        with no row gets no record. Racing a holder's finish, one guarded UPDATE of the
+        same row each: whichever commits first wins, the other matches nothing.
+        """
+        if self.transition(
+            conn, worker, Transition.CANCEL, source_id, NEVER_ISSUED_TOKEN, error=CANCELLED
+        ):
+            return True
+        table = worker.table
+        if conn.execute(select(table.c.source_id).where(table.c.source_id == source_id)).first():
+            return False  # finished or failed already: nothing changes
+        # A plain read of the source row (no lock on the application's row), then the
+        # insert discovery would make.
+        pk = worker.source_pk
+        rows = conn.execute(select(pk, self.now()).where(pk == source_id)).all()
+        if not self._add_pending(conn, worker, rows):
+            return False
+        return self.transition(
+            conn, worker, Transition.CANCEL, source_id, NEVER_ISSUED_TOKEN, error=CANCELLED
+        )

@@ -12,6 +12,9 @@ from ..core.status import ExecutionStatus, Phase
 from .interface import DialectInterface
 from .terms import WorkerTable, epoch_to_datetime, status_literal
 
+#: The error type of a cancelled record (``dbworker.Cancelled``).
+CANCELLED_TYPE = "dbworker.Cancelled"
+
 
 class Reading(DialectInterface):
     """Statuses and records as the public API reports them (the token never shows)."""
@@ -92,3 +95,21 @@ class Reading(DialectInterface):
             {**row, "updated_at": epoch_to_datetime(row["updated_at"])}
             for row in conn.execute(query).mappings()
         ]
+
+    def cancelled(
+        self, conn: Connection, worker: WorkerTable, held: Iterable[tuple[Any, int]]
+    ) -> list[Any]:
+        """The ids among ``held`` (source id, token) that were cancelled under that
+        token: FAILED with ``dbworker.Cancelled``, the token unchanged (a takeover would
+        have issued a new one). One read, for the scheduler's check of what it holds."""
+        tokens = dict(held)
+        if not tokens:
+            return []
+        table = worker.table
+        query = select(table.c.source_id, table.c.token).where(
+            table.c.source_id.in_(list(tokens)),
+            table.c.status == status_literal(Phase.FAILED),
+            table.c.error_type == CANCELLED_TYPE,
+        )
+        rows = conn.execute(query).all()
+        return [source_id for source_id, token in rows if tokens.get(source_id) == token]

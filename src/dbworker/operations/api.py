@@ -55,6 +55,7 @@ class Operations:
         registry_timing: Callable[[], Timing],
         scheduler: Callable[[], Scheduler | None],
         heartbeat: Callable[[], Heartbeat | None],
+        cancel: Callable[[Session, str, Any], bool],
     ) -> None:
         self._session_factory = session_factory
         self._dialect = dialect
@@ -63,6 +64,7 @@ class Operations:
         self._registry_timing = registry_timing
         self._scheduler = scheduler
         self._heartbeat = heartbeat
+        self._cancel = cancel
 
     # -- what runs where -------------------------------------------------------------
 
@@ -180,6 +182,16 @@ class Operations:
             reset = [key for key in source_ids if registration.reset_failed(session, key)]
             session.commit()
         return reset
+
+    def cancel(self, worker: str, source_id: Any) -> bool:
+        """Cancel an open item (``Coordinator.cancel``) in a transaction of its own;
+        False (nothing changed) if it was finished or failed already."""
+        self._workers.registration(worker)
+        self._tables.check_database_exists()
+        with self._session_factory() as session:
+            cancelled = self._cancel(session, worker, source_id)
+            session.commit()
+        return cancelled
 
     # -- helpers ---------------------------------------------------------------------
 

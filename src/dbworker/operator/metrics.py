@@ -5,7 +5,8 @@ registers, per worker (label ``worker``):
 
 - counters ``dbworker_items_claimed_total``, ``..._finished_total``, ``..._unfinished_total``,
   ``..._failed_total``, ``..._retried_total``, ``..._crashed_total``, ``..._timed_out_total``,
-  ``..._lost_total``, ``..._released_total`` and ``dbworker_database_errors_total``
+  ``..._lost_total``, ``..._released_total``, ``..._cancelled_total`` and
+  ``dbworker_database_errors_total``
   (no ``worker`` label);
 - histograms ``dbworker_handler_duration_seconds`` (how long handlers ran) and
   ``dbworker_pickup_latency_seconds`` (from the claim to the handler's start);
@@ -46,6 +47,7 @@ _COUNTED = {
     EventKind.TIMED_OUT: "items_timed_out",
     EventKind.LOST: "items_lost",
     EventKind.RELEASED: "items_released",
+    EventKind.CANCELLED: "items_cancelled",
 }
 #: Invocations that ran a handler to its end (their duration means something).
 _RAN = frozenset({EventKind.FINISHED, EventKind.UNFINISHED, EventKind.FAILED, EventKind.RETRIED})

@@ -30,6 +30,8 @@ from ..logs import log_event, logs
 Write = Callable[[str, Callable[[Connection], object], dict[str, Any] | None], None]
 #: A claim, as the dialect recorded it: reported, nothing to write.
 CLAIMED = Decision(None, reports=EventKind.CLAIMED)
+#: A cancel, as the canceller recorded it (the CANCEL row): reported, nothing to write.
+CANCELLED = Decision(None, reports=EventKind.CANCELLED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +93,7 @@ class Endings:
         self.report(Event(kind, item.worker, item.source_id, item.attempt, duration, latency, says))
 
     def report(self, event: Event) -> None:
-        log_event(event)
-        self.events.emit(event)
+        report(self.events, event)
 
     def result(
         self,
@@ -147,3 +148,10 @@ class Endings:
         )
         self.conclude(item, decision, ErrorInfo(message, "dbworker.WorkerCrashed"))
         return False
+
+
+def report(events: Events, event: Event) -> None:
+    """Report ``event``: the log listener, then ``events``' listeners. Also for a cancel
+    of an item no one ran, reported by the canceller's coordinator (``cancellation``)."""
+    log_event(event)
+    events.emit(event)

@@ -24,6 +24,7 @@ from ..core.timing import Timings
 from ..dialects import Claims, Dialect, Owner
 from ..events import Events
 from ..wakeups import Wakeups
+from ..wakeups.cancels import cancelled_workers
 from .outbox import Deferred, Outbox, SchedulerHealth
 from .outcomes import Outcomes
 from .state import WorkerState
@@ -66,6 +67,11 @@ class Scheduler:
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._next_renewal = time.monotonic() + timings.renew_every
+        #: When held items are next checked for cancels (at least every
+        #: max_poll_seconds; a cancel's wake-up brings its worker's check forward).
+        self._next_held_check = time.monotonic() + timings.max_poll_seconds
+        #: Workers whose held items a wake-up said were cancelled.
+        self._cancels: set[str] = set()
         self._waiter = _Waiter()
         self.wakeups = wakeups
         #: Workers a wake-up named since the last pass (None in it: all of them).
@@ -128,6 +134,7 @@ class Scheduler:
                 self.outcomes.enforce_timeouts(now)
                 if now >= self._next_renewal:
                     self._renew()
+                self._check_held(now)
                 if not self._stopping.is_set():
                     self.ticker.make(now)
                 for state in self.states.values():
@@ -186,6 +193,8 @@ class Scheduler:
             deadlines.append(self._next_announce)
         if self._kill_at is not None:
             deadlines.append(self._kill_at)
+        if any(state.held for state in self.states.values()):
+            deadlines.append(self._next_held_check)
         wait_for = max(0.0, min(deadlines) - now)
         fds = [self._wake_read.fileno()]
         for state in self.states.values():
@@ -226,6 +235,7 @@ class Scheduler:
             woken, self._woken = self._woken, set()
         if not woken:
             return
+        self._cancels |= cancelled_workers(woken)
         for name, state in self.states.items():
             if None in woken or name in woken:
                 state.poll_now(now)
@@ -239,7 +249,7 @@ class Scheduler:
                 continue
             held = [(source_id, h.token) for source_id, h in state.held.items()]
             try:
-                lost = self.outbox.transaction(
+                found = self.outbox.transaction(
                     f"renewing the leases of worker={state.worker.name}",
                     functools.partial(self._renew_worker, state=state, held=held),
                 )
@@ -249,24 +259,56 @@ class Scheduler:
                 # before the next claim, or this coordinator takes over its own items.
                 self._next_renewal = min(self._next_renewal, self.outbox.blocked_until)
                 continue
+            lost, cancelled = found
             for source_id in lost:
                 # Fenced renewal failed: another holder has the item. Stop this one so
                 # it does not keep working beside the new holder.
                 self.outcomes.lost(state, source_id)
+            for source_id in cancelled:
+                self.outcomes.cancelled(state, source_id)
 
     def _renew_worker(
         self, conn: Connection, state: WorkerState, held: list[tuple[Any, int]]
-    ) -> list[Any]:
+    ) -> tuple[list[Any], list[Any]]:
+        """Renew ``held``: the ids whose claim was taken over, and those cancelled."""
         table = state.worker.table
         missed = self.dialect.renew(conn, table, held, self.timings.lease_seconds)
         tokens = dict(held)
         # A handler that just completed also fails the renewal (no longer WORKING),
-        # with its token still current: that is not a lost claim.
-        return [
-            source_id
-            for source_id in missed
-            if self.dialect.current_token(conn, table, source_id) != tokens[source_id]
-        ]
+        # with its token still current: that is not a lost claim. Nor is a cancel
+        # (FAILED, the token unchanged), which the record tells apart.
+        lost: list[Any] = []
+        ours: list[Any] = []
+        for source_id in missed:
+            current = self.dialect.current_token(conn, table, source_id)
+            (ours if current == tokens[source_id] else lost).append(source_id)
+        cancelled = self.dialect.cancelled(conn, table, [(i, tokens[i]) for i in ours])
+        return lost, cancelled
+
+    # -- cancels ----------------------------------------------------------------------
+
+    def _check_held(self, now: float) -> None:
+        """Stop the handlers of held items that were cancelled: at once for the workers
+        a cancel's wake-up named, and every ``max_poll_seconds`` for all (a cancel on
+        another host of a database without NOTIFY wakes no one)."""
+        due = now >= self._next_held_check
+        if due:
+            self._next_held_check = now + self.timings.max_poll_seconds
+        names, self._cancels = self._cancels, set()
+        for name, state in self.states.items():
+            if not state.held or not (due or name in names):
+                continue
+            held = [(source_id, h.token) for source_id, h in state.held.items()]
+            try:
+                cancelled = self.outbox.transaction(
+                    f"checking the held items of worker={name} for cancels",
+                    functools.partial(self.dialect.cancelled, worker=state.worker.table, held=held),
+                    read_only=True,
+                )
+            except Deferred:
+                continue
+            for source_id in cancelled:
+                self.outcomes.cancelled(state, source_id)
 
     # -- polling and claiming --------------------------------------------------------
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from ..core.errors import HandlerTimeout
 from ..core.policy import Ending, decide
-from ..core.tasks import ErrorInfo, Result
+from ..core.tasks import ErrorInfo, Result, ResultKind
 from ..dialects import Claim, Dialect
 from ..events import Events
-from .endings import CLAIMED, ClaimedItem, Endings
-from .outbox import Outbox, SchedulerHealth
+from .endings import CANCELLED, CLAIMED, ClaimedItem, Endings
+from .outbox import Deferred, Outbox, SchedulerHealth
 from .state import HeldClaim, WorkerState
 
 log = logging.getLogger("dbworker")
@@ -61,6 +61,13 @@ class Outcomes:
         latency = None
         if held is not None:
             latency = max(0.0, now - held.started - result.duration)
+            if result.kind is ResultKind.LOST and self._was_cancelled(state, source_id, token):
+                # Its finish matched nothing because the item was cancelled meanwhile.
+                item = self._item(state, source_id, token, held)
+                self.endings.conclude(
+                    item, CANCELLED, recorded=True, duration=result.duration, latency=latency
+                )
+                return
         self.endings.result(
             self._item(state, source_id, token, held),
             result,
@@ -71,6 +78,18 @@ class Outcomes:
             # its claim held here, and was reported when it was killed.
             report=held is not None,
         )
+
+    def _was_cancelled(self, state: WorkerState, source_id: Any, token: int) -> bool:
+        table = state.worker.table
+        try:
+            found = self.outbox.transaction(
+                f"reading the record of a lost claim of worker={state.worker.name}",
+                lambda conn: self.endings.dialect.cancelled(conn, table, [(source_id, token)]),
+                read_only=True,
+            )
+        except Deferred:
+            return False  # reported as lost: the record says the rest
+        return bool(found)
 
     def enforce_timeouts(self, now: float) -> None:
         for state in self.states.values():
@@ -161,6 +180,17 @@ class Outcomes:
         )
         self.endings.conclude(item, CLAIMED, recorded=True)
         return True
+
+    def cancelled(self, state: WorkerState, source_id: Any) -> None:
+        """``source_id`` was cancelled (``coordinator.cancel``) while held here: stop
+        its handler (its transaction rolls back; its fenced finish could not match
+        anyway) and report the cancel."""
+        held = state.held.pop(source_id, None)
+        if held is None:
+            return
+        state.executor.kill((state.worker.name, source_id, held.token))
+        item = self._item(state, source_id, held.token, held)
+        self.endings.conclude(item, CANCELLED, recorded=True)
 
     def lost(self, state: WorkerState, source_id: Any) -> None:
         """A renewal found the claim on ``source_id`` taken over: stop its handler."""

@@ -21,6 +21,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, func, select
 
+from .cancels import CANCEL_PAYLOAD, cancel_name
+
 log = logging.getLogger("dbworker")
 
 #: Reconnection waits after the listening connection is lost (doubling to the cap).
@@ -169,7 +171,8 @@ class Listener:
                     continue  # our own announcement: this coordinator already acted on it
                 name = self.channels.get(note.channel)
                 if name is not None:
-                    self._wake({name})
+                    cancelled = note.payload == CANCEL_PAYLOAD
+                    self._wake({cancel_name(name) if cancelled else name})
             now = time.monotonic()
             if now - checked >= PING_SECONDS:
                 conn.execute("SELECT 1")

@@ -6,6 +6,7 @@ import argparse
 
 from ...logs import LEVELS
 from ...registry import version
+from .cancel import cmd_cancel
 from .items import cmd_failed, cmd_retry, cmd_show
 from .loading import APP_ENV, EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from .service import DASHBOARD_TOKEN_ENV, cmd_create_tables, cmd_dashboard, cmd_run
@@ -146,4 +147,8 @@ def parser() -> argparse.ArgumentParser:
     retry.add_argument("ids", nargs="*", help="source ids to reset")
     retry.add_argument("--all", action="store_true", help="reset every failed item of the worker")
     retry.set_defaults(handler=cmd_retry)
+    cancel = command("cancel", "cancel an item: it does not run (again) until retried")
+    cancel.add_argument("worker", help="the worker whose item to cancel")
+    cancel.add_argument("id", help="the source id to cancel")
+    cancel.set_defaults(handler=cmd_cancel)
     return top

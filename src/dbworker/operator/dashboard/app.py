@@ -6,6 +6,7 @@ import dataclasses
 import hmac
 import ipaddress
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -201,16 +202,28 @@ def create_app(
         if not isinstance(given, str) or not hmac.compare_digest(given, csrf):
             raise HTTPException(403, "missing or wrong CSRF token")
 
-    async def retry_one(request: Request) -> Response:
+    async def on_item(
+        request: Request, action: Callable[[str, Any], bool], done: str, left: str
+    ) -> Response:
+        """POST ``action(worker, id)`` on one item, then back to its page saying what
+        came of it (``done`` or ``left``)."""
         await check_post(request)
         worker = registered(request.path_params["worker"])
         key = source_id(worker, request.path_params["id"])
         from starlette.concurrency import run_in_threadpool
 
-        reset = await run_in_threadpool(operations.retry, worker.name, key)
-        message = "reset: it runs again when eligible" if reset else "not failed: left alone"
+        changed = await run_in_threadpool(action, worker.name, key)
+        message = done if changed else left
         url = request.url_for("item", worker=worker.name, id=request.path_params["id"])
         return RedirectResponse(f"{url}?message={_quote(message)}", status_code=303)
+
+    async def retry_one(request: Request) -> Response:
+        done = "reset: it runs again when eligible"
+        return await on_item(request, operations.retry, done, "not failed: left alone")
+
+    async def cancel_one(request: Request) -> Response:
+        done = "cancelled: it does not run again unless retried"
+        return await on_item(request, operations.cancel, done, "not open: left alone")
 
     async def retry_all(request: Request) -> Response:
         await check_post(request)
@@ -228,6 +241,7 @@ def create_app(
         Route("/workers/{worker}", worker_page, name="worker"),
         Route("/workers/{worker}/items/{id}", item_page, name="item"),
         Route("/workers/{worker}/items/{id}/retry", retry_one, methods=["POST"], name="retry"),
+        Route("/workers/{worker}/items/{id}/cancel", cancel_one, methods=["POST"], name="cancel"),
         Route("/workers/{worker}/retry-failed", retry_all, methods=["POST"], name="retry_all"),
     ]
 

@@ -20,6 +20,7 @@ import functools
 
 from ..harness import DialectFactory, drop_tables
 from ..models import VARIANTS
+from .cancelling import check_cancel_open_records, check_cancel_racing_finish
 from .claiming import (
     check_batch_claims_follow_eligible_order,
     check_claim_leaves_source_rows_unlocked,
@@ -84,6 +85,8 @@ CHECKS: dict[str, Check] = {
     "out_of_order_commits_found_by_sweep": check_out_of_order_commits_found_by_sweep,
     "non_integer_keys_discovered": check_non_integer_keys_discovered,
     "read_state": check_read_state,
+    "cancel_open_records": check_cancel_open_records,
+    "cancel_racing_finish": check_cancel_racing_finish,
 }
 
 

@@ -14,7 +14,8 @@ from sqlalchemy import Connection, insert, update
 from ...core import transitions
 from ...core.errors import InvalidTransition
 from ...core.status import Phase
-from ...core.transitions import Record
+from ...core.transitions import Record, Transition
+from ...dialects.base import CANCELLED
 from .base import Actor, MachineBase, Writer, actor_index, any_pick, choose, flags, writer_index
 from .harness import MAX_ID, WORKER, ModelMismatch, items
 
@@ -159,6 +160,35 @@ class RowRules(MachineBase):
         if applied != (after is not None):
             raise ModelMismatch(
                 f"reset_failed({sid}) returned {applied} for record {self.records[sid]}"
+            )
+        self._commit(writer)
+        if after is not None:
+            self.records[sid] = after
+
+    @precondition(lambda self: self._can_begin() and self._idle_writers() and self.items)
+    @rule(who=writer_index, pick=any_pick)
+    def cancel(self, who: int, pick: int) -> None:
+        """The application cancels an item (``coordinator.cancel``): the CANCEL row of an
+        open record, or of a committed row not discovered yet, which gets its record
+        first (so that no discovery makes it pending later); nothing for a terminal one.
+        Its holder, if any, still believes it holds the token and must learn otherwise."""
+        writer = choose(self._idle_writers(), who)
+        unlocked = sorted(set(self.items) - self._locked_by_others(writer))
+        if not unlocked:
+            return
+        sid = choose(unlocked, pick)
+        before = self.records.get(sid, Record())
+        after: Record | None
+        try:
+            after = transitions.apply(before, Transition.CANCEL, error=CANCELLED.message)
+        except InvalidTransition:
+            after = None
+        note(f"cancel: {before.phase.value if sid in self.records else 'undiscovered'}")
+        applied = self._run(writer, lambda conn: self.dialect.cancel(conn, WORKER, sid))
+        if applied != (after is not None):
+            raise ModelMismatch(
+                f"cancel({sid}) returned {applied} for record "
+                f"{self.records.get(sid, 'none (not discovered)')}"
             )
         self._commit(writer)
         if after is not None:
