@@ -23,6 +23,7 @@ from .operations import (
     LiveGauges,
     Operations,
     RegisteredCoordinator,
+    ScheduleState,
     ServedWorker,
     WorkerLoad,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "PrometheusMetrics",
     "RegisteredCoordinator",
     "RetryPolicy",
+    "ScheduleState",
     "ServedWorker",
     "SpawnPerTask",
     "Subprocess",
