@@ -127,8 +127,9 @@ class Operations:
         if not periodic:
             return []
         self._tables.require(periodic)
+        [ticks] = self._tables.ticks()  # one shared table, there with any periodic worker
         with self._reading() as conn:
-            return read_schedules(conn, self._dialect, periodic)
+            return read_schedules(conn, self._dialect, ticks, periodic)
 
     # -- the work --------------------------------------------------------------------
 

@@ -8,13 +8,13 @@ import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Table, select
 
 from ..core.errors import DBWorkerError
 from ..core.schedules import UTC, from_microseconds
 from ..core.status import ExecutionStatus
 from ..dialects import Dialect
-from ..schema import TICKS, Tick, has_table
+from ..registry import has_table
 from ..worker import Registration
 
 
@@ -41,14 +41,15 @@ class ScheduleState:
 
 
 def read_schedules(
-    conn: Connection, dialect: Dialect, workers: Sequence[Registration]
+    conn: Connection, dialect: Dialect, ticks: Table, workers: Sequence[Registration]
 ) -> list[ScheduleState]:
-    """The state of each periodic worker of ``workers``, in their order: a read of
-    the clock, then per worker two index lookups (its latest tick through the unique
-    (worker, slot) index, that tick's record by key), however many ticks it made."""
-    if not has_table(conn, TICKS):
+    """The state of each periodic worker of ``workers`` (their ticks in ``ticks``, the
+    table ``WorkerTables.ticks()`` names), in their order: a read of the clock, then
+    per worker two index lookups (its latest tick through the unique (worker, slot)
+    index, that tick's record by key), however many ticks it made."""
+    if not has_table(conn, ticks):
         raise DBWorkerError(
-            f"the table {TICKS.name} of the periodic workers does not exist yet: run "
+            f"the table {ticks.name} of the periodic workers does not exist yet: run "
             "`dbworker create-tables` (or your migrations) first"
         )
     # The database's clock, as the ticker reads it: "next" means the same on every host.
@@ -60,9 +61,9 @@ def read_schedules(
         if schedule is None:
             continue
         latest = conn.execute(
-            select(Tick.id, Tick.slot)
-            .where(Tick.worker == worker.name)
-            .order_by(Tick.slot.desc())
+            select(ticks.c.id, ticks.c.slot)
+            .where(ticks.c.worker == worker.name)
+            .order_by(ticks.c.slot.desc())
             .limit(1)
         ).first()
         status = None
