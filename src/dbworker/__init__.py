@@ -24,6 +24,7 @@ from .operations import (
     LiveGauges,
     Operations,
     RegisteredCoordinator,
+    ScheduleState,
     ServedWorker,
     WorkerLoad,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "PrometheusMetrics",
     "RegisteredCoordinator",
     "RetryPolicy",
+    "ScheduleState",
     "ServedWorker",
     "SpawnPerTask",
     "Subprocess",

@@ -3,6 +3,7 @@ the actions reset failed items, and what must be refused is refused."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import signal
 import socket
@@ -16,6 +17,7 @@ from starlette.testclient import TestClient
 from dbworker import ConfigurationError, ExecutionStatus
 from dbworker.operator.dashboard import check_binding, create_app
 
+from . import periodic_app
 from .support import Site, wait_until
 from .test_cli import (
     COMMAND_TIMEOUT,
@@ -27,6 +29,7 @@ from .test_cli import (
     twin,
     worked,
 )
+from .test_schedules import START, add_ticks, periodic
 
 LOCAL = "http://127.0.0.1:8000"
 
@@ -83,6 +86,48 @@ def test_the_item_page_cancels_an_open_item(ops: Site) -> None:
     assert ops.statuses(coordinator, "jobs", [1]) == {1: ExecutionStatus.FINISHED}
     refused = client.post("/workers/jobs/items/5/cancel", data={"csrf": "guessed"})
     assert refused.status_code == 403
+
+
+def test_the_overview_shows_schedules_only_with_periodic_workers(ops: Site) -> None:
+    plain = twin(ops)
+    plain.create_worker_tables()
+    without = TestClient(create_app(plain), base_url=LOCAL).get("/")
+    assert without.status_code == 200 and 'data-worker="jobs"' in without.text
+    assert 'id="schedules"' not in without.text and "Schedules" not in without.text
+
+    coordinator = periodic(ops)
+    coordinator.create_worker_tables()
+    add_ticks(ops, "hourly", [START, START + periodic_app.HOURLY])
+    add_ticks(ops, "nightly", [START.replace(hour=2, minute=30)])
+    coordinator.drain()
+    states = {state.worker: state for state in coordinator.operations.schedules()}
+    index = TestClient(create_app(coordinator), base_url=LOCAL).get("/")
+    assert index.status_code == 200
+    section = index.text[index.text.index('<table id="schedules">') :]
+    section = section[: section.index("</table>")]
+    rows = dict(re.findall(r'<tr data-worker="(\w+)">(.*?)</tr>', section, re.DOTALL))
+    assert list(rows) == ["hourly", "nightly", "minutely"]
+    hourly = states["hourly"]
+    assert (
+        f'href="/workers/hourly/items/{hourly.last_tick}">2024-05-01 01:00:00Z</a>'
+        in (rows["hourly"])
+    )
+    assert '<td class="status finished">finished</td>' in rows["hourly"]
+    assert "every 1:00:00" in rows["hourly"] and "latest" in rows["hourly"]
+    assert '<td class="status failed">failed</td>' in rows["nightly"]
+    assert "cron &#39;30 4 * * *&#39; (Europe/Berlin)" in rows["nightly"]
+    # Never ticked: no slot, no status, and still its next slot.
+    assert '<td class="last-slot">-</td>' in rows["minutely"]
+    assert '<td class="status -">-</td>' in rows["minutely"]
+    for name, row in rows.items():
+        next_slot = states[name].next_slot
+        # The page is rendered a moment after states: a slot may have fallen between.
+        shown = re.search(r'<time datetime="([^"]+)">', row)
+        assert shown is not None and dt.datetime.fromisoformat(shown[1]) >= next_slot
+    item = TestClient(create_app(coordinator), base_url=LOCAL).get(
+        f"/workers/hourly/items/{hourly.last_tick}"
+    )
+    assert item.status_code == 200 and "finished" in item.text
 
 
 def test_forged_and_tokenless_posts_are_refused(ops: Site) -> None:

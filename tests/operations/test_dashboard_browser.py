@@ -10,6 +10,7 @@ ones the documentation shows).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import http.server
 import os
 import shutil
@@ -32,7 +33,7 @@ from dbworker import Coordinator, ExecutionStatus
 from dbworker.operator.dashboard import create_app
 from dbworker.registry import Timing
 
-from . import app
+from . import app, periodic_app
 from .support import Site, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -128,6 +129,8 @@ def shoot(driver: WebDriver, name: str, tmp_path: Path) -> None:
 def test_the_dashboard_in_a_browser(ops: Site, browser: WebDriver, tmp_path: Path) -> None:
     coordinator: Coordinator = ops.coordinator()
     coordinator.transactional_worker(name="jobs", source=app.Job, concurrency=2)(app.run_job)
+    # A periodic worker ticking every second: the overview's Schedules section.
+    coordinator.periodic_worker("beat", every=dt.timedelta(seconds=1))(periodic_app.finish)
     coordinator.create_worker_tables()
     coordinator._registry_timing = Timing(heartbeat=0.2, stats=0.2)
     ops.add_jobs(range(1, 9), app.QUICK)
@@ -161,6 +164,34 @@ def test_the_dashboard_in_a_browser(ops: Site, browser: WebDriver, tmp_path: Pat
                 lambda: str(os.getpid()) in (shown := coordinators_shown()) and "live" in shown,
                 "the coordinator to be shown live",
             )
+
+            def schedule_shown() -> dict[str, str]:
+                browser.get(base + "/")
+                row = browser.find_element(By.CSS_SELECTOR, '#schedules tr[data-worker="beat"]')
+                cells = row.find_elements(By.TAG_NAME, "td")
+                return {
+                    "schedule": cells[1].text,
+                    "last": cells[3].text,
+                    "status": cells[4].text,
+                    "next": cells[5].text,
+                }
+
+            # The running coordinator makes a tick each second and runs it.
+            shown = wait_until(
+                lambda: (found := schedule_shown())["status"] == "finished" and found,
+                "the schedule's last tick shown finished",
+            )
+            assert shown and shown["schedule"] == "every 0:00:01"
+            last = dt.datetime.fromisoformat(shown["last"].replace("Z", "+00:00"))
+            following = dt.datetime.fromisoformat(shown["next"].replace("Z", "+00:00"))
+            assert following > last and (following - last).total_seconds() % 1 == 0
+            # The last slot links to its tick's record.
+            browser.find_element(
+                By.CSS_SELECTOR, '#schedules tr[data-worker="beat"] td a[href*="/items/"]'
+            ).click()
+            wait_until(lambda: "/workers/beat/items/" in browser.current_url, "the tick's page")
+            assert browser.find_element(By.ID, "status").text == "finished"
+            browser.get(base + "/")
             shoot(browser, "overview", tmp_path)
 
             browser.get(base + "/workers/jobs")

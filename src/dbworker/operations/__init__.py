@@ -16,6 +16,7 @@ from .results import (
     ServedWorker,
     WorkerLoad,
 )
+from .schedules import ScheduleState
 
 __all__ = [
     "Backlog",
@@ -24,6 +25,7 @@ __all__ = [
     "LiveGauges",
     "Operations",
     "RegisteredCoordinator",
+    "ScheduleState",
     "ServedWorker",
     "WorkerLoad",
 ]

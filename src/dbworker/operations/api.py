@@ -33,6 +33,7 @@ from .results import (
     ServedWorker,
     WorkerLoad,
 )
+from .schedules import ScheduleState, read_schedules
 
 if TYPE_CHECKING:
     from ..registry import Heartbeat
@@ -120,6 +121,17 @@ class Operations:
             name: backlog_of(name, figures, age, cached=True) for name, figures in stats.items()
         }
         return LiveGauges(workers, backlog, age)
+
+    def schedules(self) -> list[ScheduleState]:
+        """Each periodic worker's schedule, last slot made (and its tick's status) and
+        next slot, in registration order; empty, without a query, when there are none."""
+        periodic = [w for w in self._chosen(None) if w.schedule is not None]
+        if not periodic:
+            return []
+        self._tables.require(periodic)
+        [ticks] = self._tables.ticks()  # one shared table, there with any periodic worker
+        with self._reading() as conn:
+            return read_schedules(conn, self._dialect, ticks, periodic)
 
     # -- the work --------------------------------------------------------------------
 

@@ -8,8 +8,8 @@ arguments, a bad reference or an unknown worker, 1 for any other error.
 ``main`` (the ``dbworker`` console script, and ``python -m dbworker``) parses the
 command line (``parsing``), loads the application's coordinator (``loading``) and
 runs one command: ``service`` (run, create-tables, dashboard), ``status``
-(status, coordinators) or ``items`` (show, failed, retry) and ``cancel``, which print through
-``output``.
+(status, coordinators), ``items`` (show, failed, retry), ``cancel`` or ``schedules``,
+which print through ``output``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from ...registry import version
 from .cancel import cmd_cancel
 from .items import cmd_failed, cmd_retry, cmd_show
 from .loading import APP_ENV, EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from .schedules import cmd_schedules
 from .service import DASHBOARD_TOKEN_ENV, cmd_create_tables, cmd_dashboard, cmd_run
 from .status import cmd_coordinators, cmd_status
 
@@ -122,6 +123,9 @@ def parser() -> argparse.ArgumentParser:
     command(
         "coordinators", "list running coordinators (stale: no heartbeat for a while)"
     ).set_defaults(handler=cmd_coordinators)
+    command(
+        "schedules", "list periodic workers' schedules: the last slot made, its status, the next"
+    ).set_defaults(handler=cmd_schedules)
     failed = command("failed", "list failed items with their errors")
     failed.add_argument("--worker", action="append", help="only this worker (repeatable)")
     failed.add_argument("--limit", type=int, default=None, help="at most this many per worker")

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from ...core.errors import ConfigurationError
 from ...operations import Backlog
 from ..display import duration_text, history, record_fields, status_name
+from .schedules import schedule_rows
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -155,6 +156,7 @@ def create_app(
             figures={name: _shown(item) for name, item in figures.items()},
             coordinators=coordinators,
             chart=chart,
+            schedules=schedule_rows(operations),
         )
 
     def worker_page(request: Request) -> Response:
