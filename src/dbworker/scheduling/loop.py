@@ -36,6 +36,10 @@ log = logging.getLogger("dbworker")
 #: often: a dependent elsewhere waits up to this long more, and a busy coordinator
 #: sends a few announcements a second rather than one per pass of its loop.
 ANNOUNCE_EVERY_SECONDS = 0.005
+#: The shortest period of the check of held items for cancels that no wake-up named: a
+#: latency-minded max_poll_seconds (50 ms) made it a read every pass of a busy loop
+#: (20 a second) for a fallback that wake-ups and renewals mostly make unneeded.
+HELD_CHECK_FLOOR = 1.0
 
 
 class Scheduler:
@@ -67,9 +71,10 @@ class Scheduler:
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._next_renewal = time.monotonic() + timings.renew_every
-        #: When held items are next checked for cancels (at least every
-        #: max_poll_seconds; a cancel's wake-up brings its worker's check forward).
-        self._next_held_check = time.monotonic() + timings.max_poll_seconds
+        #: When held items are next checked for cancels (every ``_held_check_every``;
+        #: a cancel's wake-up brings its worker's check forward).
+        self._held_check_every = max(timings.max_poll_seconds, HELD_CHECK_FLOOR)
+        self._next_held_check = time.monotonic() + self._held_check_every
         #: Workers whose held items a wake-up said were cancelled.
         self._cancels: set[str] = set()
         self._waiter = _Waiter()
@@ -289,11 +294,12 @@ class Scheduler:
 
     def _check_held(self, now: float) -> None:
         """Stop the handlers of held items that were cancelled: at once for the workers
-        a cancel's wake-up named, and every ``max_poll_seconds`` for all (a cancel on
-        another host of a database without NOTIFY wakes no one)."""
+        a cancel's wake-up named, and every ``max_poll_seconds`` (at least a second
+        apart) for all: a cancel on another host of a database without NOTIFY wakes no
+        one."""
         due = now >= self._next_held_check
         if due:
-            self._next_held_check = now + self.timings.max_poll_seconds
+            self._next_held_check = now + self._held_check_every
         names, self._cancels = self._cancels, set()
         for name, state in self.states.items():
             if not state.held or not (due or name in names):

@@ -173,7 +173,8 @@ class Outcomes:
             # way: keep it to report under its own attempt.
             state.completing[(claim.source_id, previous.token)] = previous
         item = ClaimedItem(worker.name, worker.table, claim.source_id, claim.token, claim.attempts)
-        if not self.endings.vanished(item, claim, worker.max_crashes):
+        # No crash counted (nearly every claim): nothing for the policy to give up.
+        if claim.crashes and not self.endings.vanished(item, claim, worker.max_crashes):
             return False
         state.held[claim.source_id] = HeldClaim(
             claim.token, claim.attempts, claim.failures, time.monotonic(), claim.crashes
