@@ -22,6 +22,9 @@ outcome is recorded".
   task: this is the cheapest signal that is still "every task has run".
 * Celery ``results``: the same worker with Redis also as result backend and Celery's
   defaults otherwise; the clock stops when every result has been received.
+* pgqueuer and procrastinate (``--peers``, on PostgreSQL): the fastest PostgreSQL-native
+  queues, two worker processes each (``benchmarks.pg_peers``), ratios ``vs_pgqueuer``
+  and ``vs_procrastinate``.
 * limit: ``benchmarks.limit``'s reference runner, dbworker's claim and finish SQL on the
   raw driver in two worker processes, with the work created before the clock starts.
 
@@ -81,6 +84,7 @@ from ._common import (
 )
 from ._floor import TREE_PROCESSES, floors
 from .limit import measure_limit, median_of
+from .pg_peers import PEERS, run_peer
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -421,6 +425,15 @@ def compare(
                 figures["rss_vs_floor"] = ratio(
                     ours[key]["peak_rss_kib"], our_floor["tree_rss_kib"]
                 )
+            if backend == "postgresql":
+                for peer in PEERS:
+                    if peer in results:
+                        figures[f"vs_{peer}"] = ratio(
+                            ours[key]["items_per_second"], results[peer][key]["items_per_second"]
+                        )
+                        figures[f"vs_{peer}_nearest"] = nearest_ratio(
+                            ours[key], [results[peer][key]]
+                        )
             limit = results.get(f"limit/{backend}")
             if limit is not None:
                 figures["vs_limit"] = ratio(
@@ -536,6 +549,13 @@ def main(argv: list[str] | None = None) -> int:
         help="give up on a warm-up, a Celery run or a limit run after this",
     )
     parser.add_argument("--no-celery", dest="celery", action="store_false")
+    parser.add_argument(
+        "--peers",
+        type=lambda text: [p for p in csv(text) if p],
+        default=list(PEERS),
+        help=f"PostgreSQL-native queues run beside dbworker on PostgreSQL (comma-separated"
+        f" from {', '.join(PEERS)}; empty for none); default all",
+    )
     parser.add_argument("--no-limit", dest="limit", action="store_false")
     parser.add_argument(
         "--no-floor",
@@ -558,6 +578,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dialects: list[str] = args.dialects
     sizes: list[int] = args.sizes
+    unknown = sorted(set(args.peers) - set(PEERS))
+    if unknown:
+        parser.error(f"unknown peer(s) {', '.join(unknown)}: choose from {', '.join(PEERS)}")
     max_seconds = per_size(args.max_seconds, sizes)
 
     report: dict[str, Any] = new_report("throughput", argv) | {
@@ -573,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
             "poll_ms": args.poll_ms,
             "dbworker_wakeups": args.wakeups,
             "limit_batch": args.limit_batch,
+            "peers": args.peers,
             "rss_interval_ms": args.rss_interval_ms,
             "redis": REDIS_URL,
         },
@@ -597,6 +621,10 @@ def main(argv: list[str] | None = None) -> int:
                     rss_interval=args.rss_interval_ms / 1000,
                 )
                 measurements.append((f"limit/{backend}", size, limit))
+            if backend == "postgresql":
+                for peer in args.peers:
+                    run = functools.partial(run_peer, peer, size, args, child_environment())
+                    measurements.append((peer, size, run))
             dbworker = functools.partial(run_dbworker, backend, size, max_seconds[size], args)
             measurements.append((f"dbworker/{backend}", size, dbworker))
     started = time.perf_counter()
