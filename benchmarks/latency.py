@@ -57,6 +57,7 @@ from ._common import (
     summarize,
     write_report,
 )
+from .latency_trace import TRACE_ENV, breakdown
 from .throughput import REDIS_URL, REPOSITORY, _read_json_line, child_environment, stop_process
 
 
@@ -148,12 +149,13 @@ def service(backend: str, notifications: bool, args: argparse.Namespace) -> Iter
         tempfile.TemporaryDirectory(prefix="dbw_latency_") as scratch,
     ):
         out = Path(scratch) / "notes"
+        trace = {TRACE_ENV: str(Path(scratch) / "trace")} if args.trace else {}
         process = subprocess.Popen(
             [sys.executable, "-m", "benchmarks._latency_process"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env=child_environment(**{OUT_ENV: str(out)}),
+            env=child_environment(**{OUT_ENV: str(out)}, **trace),
             cwd=REPOSITORY,
         )
         engine = sa.create_engine(url)
@@ -195,11 +197,16 @@ def run_dbworker(
             committed[item_id] = running.insert(item_id)
         total = NOTES_PER_ITEM * (args.warmup + len(gaps))
         notes = _wait_for(running.notes, total, running.label, args.timeout + 30)
+        stamps = {(w, int(i), e): float(t) for w, i, e, t in notes}
+        stages = None
+        if args.trace:
+            started = {i: stamps[(PICKUP, i, "start")] for i in committed}
+            stages = breakdown(running.notes.with_name("trace"), committed, started)
     label, server = running.label, running.server
-    stamps = {(w, int(i), e): float(t) for w, i, e, t in notes}
     pickup = [stamps[(PICKUP, i, "start")] - t for i, t in committed.items()]
     dependent = [stamps[(AFTER, i, "start")] - stamps[(PICKUP, i, "end")] for i in committed]
-    return {
+    traced = {} if stages is None else {"stages": stages}
+    return traced | {
         "system": label,
         "server": server,
         "notifications": notifications,
@@ -310,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-celery", action="store_true")
     parser.add_argument("--modes", default="notify,poll", help="notify,poll")
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="split dbworker's pickup into stages (benchmarks.latency_trace): commit -> "
+        "wake-up -> claim -> dispatch -> handler process -> handler start",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "latency.json")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
@@ -326,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             run = run_dbworker(backend, mode == "notify", gaps, args)
             runs[run["system"]] = run
             log(f"  pickup {run['pickup']}, dependent {run['dependent']}")
+            if "stages" in run:
+                log(f"  stages {run['stages']}")
     report["runs"] = runs
     if args.idle_seconds > 0:
         log("idle cost: measuring every database at once")

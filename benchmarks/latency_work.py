@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dbworker import Coordinator, ExecutionStatus, Finished
 
+from . import latency_trace
+
 # The throughput benchmarks' row (its key alone) serves here too.
 from .noop_work import ITEMS_TABLE, Base
 from .noop_work import NoopItem as LatencyItem
@@ -24,6 +26,10 @@ from .noop_work import NoopItem as LatencyItem
 __all__ = ["ITEMS_TABLE", "Base", "LatencyItem", "build"]
 
 OUT_ENV = "DBWORKER_BENCH_LATENCY_OUT"
+
+# benchmarks.latency --trace: marks along each item's path, in every process of the
+# service (this module is imported by the service and by each handler process).
+latency_trace.install()
 PICKUP = "bench_pickup"
 AFTER = "bench_after"
 

@@ -1,0 +1,134 @@
+"""Where one item's pickup latency goes: ``benchmarks.latency --trace``.
+
+With ``DBWORKER_BENCH_TRACE_OUT`` set, ``install()`` (called on import of
+``benchmarks.latency_work``, in the worker service and in each handler process) wraps
+a few of dbworker's internal steps to append a line per step to that file:
+
+* ``wake``: the scheduler was told new work may be there (a NOTIFY, a same-host datagram);
+* ``claim``: a claim began, and ``claimed <ids>`` when its transaction returned;
+* ``dispatch <ids>``: the executor was handed those tasks;
+* ``run <id>``: a handler process began the invocation (before loading the row).
+
+``breakdown`` then splits each timed row's commit -> handler start into the stages
+between those marks, with medians. The wrapping is for this benchmark alone: it names
+private parts of dbworker, which may move; a stage that is not found is left out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+TRACE_ENV = "DBWORKER_BENCH_TRACE_OUT"
+
+#: The stages, in order: (name, from mark, to mark).
+STAGES = (
+    ("notify", "commit", "wake"),
+    ("wake_to_claim", "wake", "claim"),
+    ("claim", "claim", "claimed"),
+    ("to_dispatch", "claimed", "dispatch"),
+    ("to_process", "dispatch", "run"),
+    ("load_and_call", "run", "start"),
+)
+
+
+def _note(*fields: object) -> None:
+    line = " ".join(str(f) for f in fields) + f" {time.time():.6f}\n"
+    fd = os.open(os.environ[TRACE_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _wrap(
+    cls: type, name: str, before: Callable[..., None] | None, after: Callable[..., None] | None
+) -> None:
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, "_traced", False):
+        return
+
+    def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if before is not None:
+            before(*args)
+        result = original(self, *args, **kwargs)
+        if after is not None:
+            after(result, *args)
+        return result
+
+    traced._traced = True  # type: ignore[attr-defined]
+    setattr(cls, name, traced)
+
+
+def install() -> None:
+    if not os.environ.get(TRACE_ENV):
+        return
+    from dbworker.dialects import mysql, postgresql, sqlite
+    from dbworker.executors.pool import ProcessPool
+    from dbworker.invocation.runtime import Runtime
+    from dbworker.scheduling.loop import Scheduler
+
+    _wrap(Scheduler, "wake_workers", lambda *_: _note("wake", "-"), None)
+
+    def claimed(claims: Sequence[Any], *_: Any) -> None:
+        _note("claimed", ",".join(str(c.source_id) for c in claims) or "-")
+
+    for cls in (postgresql.PostgreSQLDialect, mysql.MySQLDialect, sqlite.SQLiteDialect):
+        _wrap(cls, "claim", lambda *_: _note("claim", "-"), claimed)
+
+    def dispatched(tasks: Sequence[Any]) -> None:
+        _note("dispatch", ",".join(str(t.source_id) for t in tasks) or "-")
+
+    _wrap(ProcessPool, "submit_all", dispatched, None)
+    _wrap(Runtime, "run", lambda task: _note("run", task.source_id), None)
+
+
+def breakdown(
+    trace: Path, committed: Mapping[int, float], handler_start: Mapping[int, float]
+) -> dict[str, Any]:
+    """Per stage, the median and p95 in ms over the rows in ``committed`` (id -> commit
+    time) whose marks were all found; ``handler_start``: id -> the handler's start."""
+    lines = [line.split() for line in trace.read_text().splitlines() if line.strip()]
+    wakes = sorted(float(t) for kind, _, t in lines if kind == "wake")
+    claim_starts = sorted(float(t) for kind, _, t in lines if kind == "claim")
+    by_id: dict[str, dict[int, float]] = {"claimed": {}, "dispatch": {}, "run": {}}
+    for kind, ids, at in lines:
+        if kind in by_id and ids != "-":
+            for text in ids.split(","):
+                if text.isdigit():
+                    # The first mark after the commit is the one that served it.
+                    by_id[kind].setdefault(int(text), float(at))
+    stages: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
+    for item, commit in committed.items():
+        marks: dict[str, float] = {"commit": commit}
+        if item not in by_id["claimed"] or item not in handler_start:
+            continue
+        marks["claimed"] = by_id["claimed"][item]
+        # The claim that returned the item began last before it returned.
+        i = bisect.bisect_right(claim_starts, marks["claimed"]) - 1
+        if i >= 0:
+            marks["claim"] = claim_starts[i]
+        j = bisect.bisect_left(wakes, commit)
+        if j < len(wakes) and wakes[j] <= marks.get("claim", marks["claimed"]):
+            marks["wake"] = wakes[j]
+        for kind in ("dispatch", "run"):
+            if item in by_id[kind]:
+                marks[kind] = by_id[kind][item]
+        marks["start"] = handler_start[item]
+        for name, begin, end in STAGES:
+            if begin in marks and end in marks:
+                stages[name].append(marks[end] - marks[begin])
+    return {
+        name: {
+            "n": len(values),
+            "p50_ms": round(statistics.median(values) * 1000, 3),
+            "p95_ms": round(sorted(values)[int(0.95 * (len(values) - 1))] * 1000, 3),
+        }
+        for name, values in stages.items()
+        if values
+    }
