@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from sqlalchemy import Connection, event
 from sqlalchemy.exc import DBAPIError
 
 
@@ -22,6 +24,9 @@ from sqlalchemy.exc import DBAPIError
 class Server:
     #: SQL that bounds this session's lock waits to a number of seconds.
     lock_timeout: Callable[[float], str]
+    #: The same for one transaction, for a connection through a transaction pooler,
+    #: where a session setting would stay on a server connection other clients get.
+    lock_timeout_local: Callable[[float], str] | None
     #: SQL the state machine runs on each new connection: a lock wait fails (almost) at
     #: once, and commits skip what a crash of the server would need (steps are many).
     machine_session: tuple[str, ...]
@@ -47,6 +52,7 @@ def _mysql_code(error: DBAPIError) -> object:
 
 POSTGRESQL = Server(
     lock_timeout=lambda seconds: f"SET lock_timeout = '{round(seconds * 1000)}ms'",
+    lock_timeout_local=lambda seconds: f"SET LOCAL lock_timeout = '{round(seconds * 1000)}ms'",
     machine_session=(
         # 0 would mean "wait forever"; any wait here is on a lock that cannot be
         # released while this thread waits, so the length does not matter.
@@ -65,6 +71,7 @@ POSTGRESQL = Server(
 MYSQL = Server(
     # Whole seconds only; 1 is the minimum.
     lock_timeout=lambda seconds: f"SET SESSION innodb_lock_wait_timeout = {max(1, round(seconds))}",
+    lock_timeout_local=None,
     # The minimum: 0 would be "no wait", but MariaDB 10.11 then fails every SKIP
     # LOCKED read that meets a locked row (error 1180), which is not how dbworker
     # runs. Only findings wait, so the second is rarely spent.
@@ -78,6 +85,7 @@ MYSQL = Server(
 )
 SQLITE = Server(
     lock_timeout=lambda seconds: f"PRAGMA busy_timeout = {round(seconds * 1000)}",
+    lock_timeout_local=None,
     machine_session=(
         # Replaces the dialect's busy timeout: a second writer is a bug in the
         # machine's preconditions and should fail, not hang for 30 s.
@@ -112,3 +120,21 @@ def server(name: str) -> Server:
             f"the kit does not know the {name!r} database server: add "
             f"dbworker.testing.SERVERS[{name!r}] (an existing entry, or a Server)"
         ) from None
+
+
+def per_transaction(conn: Connection, statement: str) -> None:
+    """Run ``statement`` first in each transaction ``conn`` begins (a ``SET LOCAL``), on
+    the driver's cursor before the transaction's first statement: for a connection
+    through a transaction pooler, whose transactions may each run on another server
+    connection. Needs a driver that reports the transaction status (psycopg)."""
+
+    @event.listens_for(conn, "before_cursor_execute")
+    def _first(
+        _conn: Connection, cursor: Any, _sql: str, _params: Any, _context: Any, _many: bool
+    ) -> None:
+        dbapi_connection = cursor.connection
+        if getattr(dbapi_connection, "autocommit", False):
+            return
+        status = getattr(getattr(dbapi_connection, "info", None), "transaction_status", None)
+        if status is not None and int(status) == 0:  # IDLE: this statement begins one
+            cursor.execute(statement)
