@@ -16,6 +16,7 @@ import pytest
 
 from backends import REQUIRE_ENV_VAR, DatabaseServers, TopologyName, required_topologies
 
+from .failover import Failover
 from .pgbouncer import PgBouncer
 from .processes import TopologyUnavailable
 
@@ -51,3 +52,11 @@ def pgbouncer(_database_servers: DatabaseServers) -> Iterator[PgBouncer]:
     bouncer = build("pgbouncer", lambda: PgBouncer(admin))
     yield bouncer
     bouncer.stop()
+
+
+@pytest.fixture
+def failover() -> Iterator[Failover]:
+    """A PostgreSQL primary streaming to a replica, built for one test (it kills one)."""
+    pair = build("failover", Failover)
+    yield pair
+    pair.stop()
