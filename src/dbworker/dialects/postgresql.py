@@ -297,6 +297,11 @@ class PostgreSQLDialect(Dialect):
         conn.execute(_RESTORE_ALONE, old)
         return result
 
+    def is_contention(self, error: BaseException) -> bool:
+        # Serialization failure, deadlock detected.
+        sqlstate = getattr(getattr(error, "orig", None), "sqlstate", None)
+        return sqlstate in ("40001", "40P01")
+
     def is_transient(self, error: BaseException) -> bool:
         sqlstate = getattr(getattr(error, "orig", None), "sqlstate", None)
         return sqlstate in _TRANSIENT_SQLSTATES or super().is_transient(error)
