@@ -17,6 +17,7 @@ import pytest
 from backends import REQUIRE_ENV_VAR, DatabaseServers, TopologyName, required_topologies
 
 from .failover import Failover
+from .galera import Galera
 from .pgbouncer import PgBouncer
 from .processes import TopologyUnavailable
 
@@ -60,3 +61,11 @@ def failover() -> Iterator[Failover]:
     pair = build("failover", Failover)
     yield pair
     pair.stop()
+
+
+@pytest.fixture(scope="session")
+def galera() -> Iterator[Galera]:
+    """A three-node MariaDB Galera cluster on loopback ports (about 20 s to build)."""
+    cluster = build("galera", Galera)
+    yield cluster
+    cluster.stop()
