@@ -25,9 +25,9 @@ from sqlalchemy import create_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from crash import app  # noqa: E402
-from crash.support import add_items, effect_count, make_coordinator  # noqa: E402
-from topologies.galera import Galera  # noqa: E402
+from crash import app
+from crash.support import add_items, effect_count, make_coordinator
+from topologies.galera import Galera
 
 CONCURRENCY = 2
 
