@@ -24,9 +24,6 @@ from sqlalchemy.exc import DBAPIError
 class Server:
     #: SQL that bounds this session's lock waits to a number of seconds.
     lock_timeout: Callable[[float], str]
-    #: The same for one transaction, for a connection through a transaction pooler,
-    #: where a session setting would stay on a server connection other clients get.
-    lock_timeout_local: Callable[[float], str] | None
     #: SQL the state machine runs on each new connection: a lock wait fails (almost) at
     #: once, and commits skip what a crash of the server would need (steps are many).
     machine_session: tuple[str, ...]
@@ -39,6 +36,10 @@ class Server:
     sessions_with_id: str | None
     #: Whether an error is a lock wait that timed out.
     is_lock_wait: Callable[[DBAPIError], bool]
+    #: ``lock_timeout`` for one transaction, for a connection through a transaction
+    #: pooler, where a session setting would stay on a server connection other clients
+    #: get (None: the server is not used behind one).
+    lock_timeout_local: Callable[[float], str] | None = None
 
 
 def _sqlstate(error: DBAPIError) -> str | None:
@@ -71,7 +72,6 @@ POSTGRESQL = Server(
 MYSQL = Server(
     # Whole seconds only; 1 is the minimum.
     lock_timeout=lambda seconds: f"SET SESSION innodb_lock_wait_timeout = {max(1, round(seconds))}",
-    lock_timeout_local=None,
     # The minimum: 0 would be "no wait", but MariaDB 10.11 then fails every SKIP
     # LOCKED read that meets a locked row (error 1180), which is not how dbworker
     # runs. Only findings wait, so the second is rarely spent.
@@ -85,7 +85,6 @@ MYSQL = Server(
 )
 SQLITE = Server(
     lock_timeout=lambda seconds: f"PRAGMA busy_timeout = {round(seconds * 1000)}",
-    lock_timeout_local=None,
     machine_session=(
         # Replaces the dialect's busy timeout: a second writer is a bug in the
         # machine's preconditions and should fail, not hang for 30 s.
