@@ -37,6 +37,11 @@ BackendName = Literal["sqlite", "postgresql", "mysql"]
 ServerBackend = Literal["postgresql", "mysql"]
 
 BACKENDS: Final[tuple[BackendName, ...]] = get_args(BackendName)
+#: Production topologies the tests build themselves (tests/topologies): a PgBouncer in
+#: front of the PostgreSQL server, a PostgreSQL primary with a streaming replica, a
+#: three-node MariaDB Galera cluster. Required like backends (by name, or ``all``).
+TopologyName = Literal["pgbouncer", "failover", "galera"]
+TOPOLOGIES: Final[tuple[TopologyName, ...]] = get_args(TopologyName)
 SERVER_BACKENDS: Final[tuple[ServerBackend, ...]] = get_args(ServerBackend)
 
 URL_ENV_VARS: Final[Mapping[ServerBackend, str]] = {
@@ -92,17 +97,30 @@ def required_backends(environ: Mapping[str, str] = os.environ) -> frozenset[Back
     Raises ValueError on unknown names: a typo would otherwise silently turn a required
     backend back into a skippable one, which is exactly what the variable exists to stop.
     """
-    names = {part.strip().lower() for part in environ.get(REQUIRE_ENV_VAR, "").split(",")}
-    names.discard("")
+    names = _required_names(environ)
     if "all" in names:
         return frozenset(BACKENDS)
-    unknown = names - set(BACKENDS)
+    return frozenset(cast(set[BackendName], names & set(BACKENDS)))
+
+
+def required_topologies(environ: Mapping[str, str] = os.environ) -> frozenset[TopologyName]:
+    """The topologies ``DBWORKER_REQUIRE_BACKENDS`` requires (``all``: every one)."""
+    names = _required_names(environ)
+    if "all" in names:
+        return frozenset(TOPOLOGIES)
+    return frozenset(cast(set[TopologyName], names & set(TOPOLOGIES)))
+
+
+def _required_names(environ: Mapping[str, str]) -> set[str]:
+    names = {part.strip().lower() for part in environ.get(REQUIRE_ENV_VAR, "").split(",")}
+    names.discard("")
+    unknown = names - {"all", *BACKENDS, *TOPOLOGIES}
     if unknown:
         raise ValueError(
-            f"{REQUIRE_ENV_VAR} names unknown backend(s) {sorted(unknown)}; "
-            f"use a comma-separated subset of {list(BACKENDS)} or 'all'"
+            f"{REQUIRE_ENV_VAR} names unknown backend(s) {sorted(unknown)}; use a "
+            f"comma-separated subset of {list(BACKENDS) + list(TOPOLOGIES)} or 'all'"
         )
-    return frozenset(cast(set[BackendName], names))
+    return names
 
 
 def render_url(url: URL) -> str:
@@ -402,6 +420,13 @@ class DatabaseServers:
             raise state.error
         state.reset()
         return render_url(state.database_url)
+
+    def admin_url(self, backend: ServerBackend) -> URL:
+        """The admin URL of ``backend``'s server (located as ``database_url`` does)."""
+        self.database_url(backend)
+        state = self._servers[backend]
+        assert isinstance(state, _Server)
+        return state.admin_url
 
     def _open(self, backend: ServerBackend) -> _Server | _Failure:
         try:

@@ -41,6 +41,13 @@ from backends import (
     with_driver,
 )
 
+# The topologies' session fixtures (pgbouncer, failover, galera): tests/topologies.
+pytest_plugins = ["topologies.fixtures"]
+
+#: A "backend" parameter that runs the PostgreSQL tests through a route (``via``):
+#: "postgresql-pgbouncer" is the postgresql backend, its database through PgBouncer.
+ROUTE_SEPARATOR = "-"
+
 # --- The conformance kit ------------------------------------------------------------------
 
 # The kit's checks are assert statements in an installed package: rewritten, a failed
@@ -94,6 +101,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "backends(*names): run the test only on these backends"
         f" (any of {', '.join(BACKENDS)}); filters the 'backend' parametrization",
     )
+    config.addinivalue_line(
+        "markers",
+        "via(*routes): run the test's postgresql parametrization through these routes too"
+        " (pgbouncer: the same database through a PgBouncer in transaction mode)",
+    )
+    config.addinivalue_line(
+        "markers", "topology: builds a database topology (tests/topologies); -m topology"
+    )
     # Validate up front: a typo in CI configuration should stop the run, not surface as
     # a confusing skip much later.
     try:
@@ -130,7 +145,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 pytrace=False,
             )
         selected = [name for name in BACKENDS if name in marker.args]
-    metafunc.parametrize("backend", selected, ids=selected, indirect=True)
+    values: list[str] = list(selected)
+    via = metafunc.definition.get_closest_marker("via")
+    if via is not None and "postgresql" in selected:
+        values += [f"postgresql{ROUTE_SEPARATOR}{route}" for route in via.args]
+    metafunc.parametrize("backend", values, ids=values, indirect=True)
 
 
 @pytest.fixture
@@ -145,7 +164,14 @@ def backend(request: pytest.FixtureRequest) -> BackendName:
             " requested via getfixturevalue",
             pytrace=False,
         )
-    return cast(BackendName, request.param)
+    return cast(BackendName, str(request.param).partition(ROUTE_SEPARATOR)[0])
+
+
+def _route(request: pytest.FixtureRequest) -> str:
+    """The route of the test's "backend" parameter ("" when direct)."""
+    callspec = getattr(request.node, "callspec", None)
+    param = callspec.params.get("backend", "") if callspec is not None else ""
+    return str(param).partition(ROUTE_SEPARATOR)[2]
 
 
 @pytest.fixture(scope="session")
@@ -161,7 +187,12 @@ def _database_servers() -> Iterator[DatabaseServers]:
 
 
 @pytest.fixture
-def database_url(backend: BackendName, tmp_path: Path, _database_servers: DatabaseServers) -> str:
+def database_url(
+    backend: BackendName,
+    tmp_path: Path,
+    _database_servers: DatabaseServers,
+    request: pytest.FixtureRequest,
+) -> str:
     """SQLAlchemy URL string of an empty, writable database for ``backend``.
 
     Skips when the backend has no server, unless DBWORKER_REQUIRE_BACKENDS lists it, in
@@ -170,7 +201,10 @@ def database_url(backend: BackendName, tmp_path: Path, _database_servers: Databa
     if backend == "sqlite":
         return sqlite_url(tmp_path / "dbworker.sqlite")
     try:
-        return _database_servers.database_url(backend)
+        url = _database_servers.database_url(backend)
+        route = _route(request)
+        # Through a route: the same database, reached through that topology's fixture.
+        return request.getfixturevalue(route).route(url) if route else url
     except BackendUnavailable as exc:
         reason = str(exc)
     # Outside the except block, so the report is just the reason, without a chained

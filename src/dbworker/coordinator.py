@@ -44,7 +44,7 @@ from .scheduling import Scheduler, WorkerState
 from .schema import coordinators_table
 from .tables import WorkerTables
 from .wake_wiring import WakeWiring
-from .wakeups import Wakeups, Watched
+from .wakeups import Watched
 from .worker import (
     DEFAULT_MAX_CRASHES,
     Eligible,
@@ -72,7 +72,8 @@ class Coordinator:
     ``session_factory`` is the application's; dbworker creates its tables through
     it and checks it points at ``database_url``. Scheduling runs on a dedicated
     engine built from ``database_url`` and ``engine_options`` (as child processes
-    do), so a busy application pool can never starve lease renewals.
+    do), so a busy application pool can never starve lease renewals. ``listen_url``:
+    where the listener connects instead (the server itself, past a pooler).
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class Coordinator:
         max_poll_seconds: float = 10,
         executor: ExecutorChoice | str = "pool",
         notifications: bool = True,
+        listen_url: str | URL | None = None,
     ) -> None:
         given = check_coordinator_arguments(session_factory, database_url, engine_options)
         self.session_factory = session_factory
@@ -115,7 +117,7 @@ class Coordinator:
         #: alone finds the work when False.
         self.notifications = notifications
         self._wake_wiring = WakeWiring(
-            session_factory, self._dialect, self._url, self._workers, notifications
+            session_factory, self._dialect, self._url, self._workers, notifications, listen_url
         )
         sender = self._wake_wiring.sender
         self._cancellation = Cancellation(self._dialect, self._workers, sender, self._events)
@@ -319,7 +321,7 @@ class Coordinator:
                     timings,
                     Owner.current(),
                     events=self._events,
-                    wakeups=self._wakeups(engine),
+                    wakeups=self._wake_wiring.listener(engine, self._timings),
                 )
                 scheduler.start()
             except BaseException:
@@ -347,9 +349,6 @@ class Coordinator:
 
     def _watched(self) -> list[Watched]:
         return self._wake_wiring.watched()
-
-    def _wakeups(self, engine: Engine) -> Wakeups | None:
-        return self._wake_wiring.listener(engine, self._timings)
 
     def notify_trigger_sql(self, worker: str) -> list[str]:
         """PostgreSQL DDL for an opt-in trigger that wakes ``worker`` on any write to the

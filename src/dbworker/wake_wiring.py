@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from sqlalchemy import Engine, Table
-from sqlalchemy.engine import URL
+from sqlalchemy import Engine, Table, create_engine
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 from .core.errors import ConfigurationError
 from .core.names import table_name
@@ -35,9 +36,12 @@ class WakeWiring:
         url: URL,
         workers: Mapping[str, Registration],
         notifications: bool,
+        listen_url: str | URL | None = None,
     ) -> None:
         self.dialect = dialect
         self.url = url
+        #: Where the listener connects, when not to ``url`` (which goes through a pooler).
+        self.listen_url = None if listen_url is None else self._listen_url(listen_url)
         #: The coordinator's registrations, as they grow.
         self.workers = workers
         self.notifications = notifications
@@ -46,6 +50,22 @@ class WakeWiring:
         self.hook = (
             SessionHook(session_factory, self.targets, self.sender) if notifications else None
         )
+
+    def _listen_url(self, given: str | URL) -> URL:
+        url = make_url(given)
+        if not self.dialect.supports_notify:
+            raise ConfigurationError(
+                f"listen_url is for LISTEN, which {self.url.get_backend_name()} does not have"
+            )
+        if url.get_backend_name() != self.url.get_backend_name() or (url.database or "") != (
+            self.url.database or ""
+        ):
+            raise ConfigurationError(
+                "listen_url must name the database database_url names, on the server "
+                f"itself: {url.render_as_string(hide_password=True)} is not "
+                f"{self.url.render_as_string(hide_password=True)}"
+            )
+        return url
 
     def watched(self) -> list[Watched]:
         return [
@@ -77,6 +97,9 @@ class WakeWiring:
                 timings.max_poll_seconds,
             )
             return None
+        if self.listen_url is not None and self.dialect.supports_notify:
+            # Its own engine: the listener detaches the one connection it takes.
+            engine = create_engine(self.listen_url, poolclass=NullPool)
         return Wakeups(
             engine,
             self.watched(),

@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-poll", type=float, default=0.2)
     parser.add_argument("--executor", default="pool")
     parser.add_argument("--heartbeat", type=float, default=None, help="registry heartbeat (s)")
+    parser.add_argument("--listen-url", default=None, help="where LISTEN goes, past a pooler")
     args = parser.parse_args(argv)
     # As the dbworker command logs: the item (worker, source_id, attempt) in brackets.
     configure_logging("INFO", json_lines=False, stream=sys.stderr)
@@ -43,6 +44,7 @@ def main(argv: list[str]) -> int:
         poll_seconds=args.poll,
         max_poll_seconds=args.max_poll,
         executor=args.executor,
+        listen_url=args.listen_url,
     )
     app.register(coordinator, args.concurrency)
     if args.heartbeat is not None:

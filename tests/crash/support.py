@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dbworker import Coordinator, ExecutionState, ExecutionStatus
 from dbworker.dialects import for_url
 from serving import process_in_session
+from topologies.pgbouncer import listen_url
 from waiting import DEADLINE, wait_until
 
 from . import app
@@ -103,6 +104,8 @@ def make_coordinator(
         poll_seconds=0.05,
         max_poll_seconds=max_poll_seconds,
         notifications=notifications,
+        # Through PgBouncer, LISTEN goes to the server itself (as documented).
+        listen_url=listen_url(url),
     )
     app.register(coordinator, concurrency)
     app.Base.metadata.tables[app.Item.__tablename__].create(engine, checkfirst=True)
@@ -211,6 +214,7 @@ def coordinator_process(
         "--executor",
         executor,
         *([] if heartbeat is None else ["--heartbeat", str(heartbeat)]),
+        *([] if listen_url(url) is None else ["--listen-url", str(listen_url(url))]),
     ]
     try:
         with process_in_session(command, log_path) as process:

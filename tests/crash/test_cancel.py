@@ -30,6 +30,9 @@ from waiting import pid_alive, wait_until
 from . import app
 from .support import add_items, effects, make_coordinator, runs, state, wait_for_run
 
+# The PostgreSQL runs again through PgBouncer in transaction mode (tests/topologies).
+pytestmark = pytest.mark.via("pgbouncer")
+
 #: Longer than any wait of these tests: the scheduler's periodic check of what it
 #: holds (every max_poll_seconds) and its renewals (every lease / 3) never come first.
 SLOW = 600.0

@@ -28,6 +28,9 @@ from .support import (
     wait_for_run,
 )
 
+# The PostgreSQL runs again through PgBouncer in transaction mode (tests/topologies).
+pytestmark = pytest.mark.via("pgbouncer")
+
 #: Far longer than any wait below: a re-run within a wait can only come from the
 #: coordinator releasing the claim when it saw the child die, never from the lease.
 LONG_LEASE = 120.0

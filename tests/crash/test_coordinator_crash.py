@@ -27,6 +27,9 @@ from .support import (
     unfinished_states,
 )
 
+# The PostgreSQL runs again through PgBouncer in transaction mode (tests/topologies).
+pytestmark = pytest.mark.via("pgbouncer")
+
 ITEMS = 30
 #: Long enough that a SIGKILL lands while handlers run, short enough to keep the test quick.
 HANDLER_SECONDS = 0.3

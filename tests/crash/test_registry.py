@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine
 
 from dbworker import Coordinator
@@ -17,6 +18,9 @@ from waiting import wait_until
 
 from .conftest import CoordinatorFactory
 from .support import coordinator_process
+
+# The PostgreSQL runs again through PgBouncer in transaction mode (tests/topologies).
+pytestmark = pytest.mark.via("pgbouncer")
 
 HEARTBEAT = 0.2
 #: Short, so the survivor reaps within the test; longer than the stale threshold so

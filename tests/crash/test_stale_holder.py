@@ -38,6 +38,9 @@ from .support import (
     wait_for_run,
 )
 
+# The PostgreSQL runs again through PgBouncer in transaction mode (tests/topologies).
+pytestmark = pytest.mark.via("pgbouncer")
+
 #: Long enough that no lease held by the test or a surviving coordinator runs out.
 LONG_LEASE = 120.0
 #: The lease of a coordinator that is about to lose its claim.

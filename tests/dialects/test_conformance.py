@@ -1,5 +1,5 @@
-"""The conformance kit's checks on every built-in dialect, and on MySQL under both
-drivers: one test per check, through the kit's ``run_check``."""
+"""The conformance kit's checks on every built-in dialect, on MySQL under both drivers,
+and on PostgreSQL through PgBouncer: one test per check, through the kit's ``run_check``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ pytestmark = pytest.mark.parametrize(
     [
         pytest.param("sqlite", None, id="sqlite"),
         pytest.param("postgresql", None, id="postgresql"),
+        # The same database through PgBouncer in transaction mode (tests/topologies).
+        pytest.param("postgresql", "pgbouncer", id="postgresql-pgbouncer"),
         pytest.param("mysql", None, id="mysql"),
         pytest.param("mysql", "pymysql", id="mysql-pymysql"),
     ],
@@ -29,7 +31,9 @@ pytestmark = pytest.mark.parametrize(
 
 
 @pytest.fixture
-def url(database_url: str, driver: str | None) -> str:
+def url(database_url: str, driver: str | None, request: pytest.FixtureRequest) -> str:
+    if driver == "pgbouncer":
+        return str(request.getfixturevalue("pgbouncer").route(database_url))
     return as_pymysql(database_url) if driver == "pymysql" else database_url
 
 

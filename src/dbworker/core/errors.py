@@ -44,3 +44,8 @@ class Cancelled(DBWorkerError):
     """The item was cancelled (``Coordinator.cancel``): its record is FAILED with this
     error type (``dbworker.Cancelled``) until ``reset_failed``, and a handler that was
     running it was stopped, its transaction rolled back."""
+
+
+class HelperProcessError(DBWorkerError):
+    """A process dbworker needs to start its handler processes (multiprocessing's fork
+    server) kept dying: the service cannot run handlers. One line, for a supervisor."""

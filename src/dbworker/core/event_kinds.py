@@ -34,3 +34,7 @@ class EventKind(enum.StrEnum):
     CANCELLED = "cancelled"
     #: A coordination transaction failed (the database was unreachable, a deadlock).
     DATABASE_ERROR = "database_error"
+    #: A coordination transaction lost to a concurrent one (a deadlock; on a Galera
+    #: cluster, a certification conflict at commit) and is tried again: contention,
+    #: not a failure of the database.
+    CONTENTION = "contention"

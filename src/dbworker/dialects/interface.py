@@ -186,6 +186,12 @@ class DialectInterface(ABC):
         (child processes use the user's options alone: handlers get the app's defaults)."""
         return {}
 
+    def is_contention(self, error: BaseException) -> bool:
+        """Whether ``error`` says the transaction lost to a concurrent one (a deadlock, a
+        serialization failure, a Galera certification conflict): retrying at once is
+        the remedy, and nothing is wrong with the database."""
+        return False
+
     def is_transient(self, error: BaseException) -> bool:
         """Whether retrying the same work later can succeed (lost connection, deadlock,
         lock timeout, busy database), as opposed to a bug or a schema problem."""

@@ -45,6 +45,11 @@ _UNLOCKED_READS = frozenset({"READ COMMITTED", "READ UNCOMMITTED"})
 _STATEMENT_BINLOG = "dbworker_statement_binlog"
 
 
+def _mysql_code(error: BaseException) -> object:
+    orig = getattr(error, "orig", None)
+    return orig.args[0] if orig is not None and getattr(orig, "args", None) else None
+
+
 class MySQLDialect(Dialect):
     backend_names: ClassVar[tuple[str, ...]] = ("mysql", "mariadb")
     default_port: ClassVar[int | None] = 3306
@@ -207,6 +212,11 @@ class MySQLDialect(Dialect):
         for backend in self.backend_names:
             lock = lock.with_hint(table, "FORCE INDEX (PRIMARY)", dialect_name=backend)
         return lock
+
+    def is_contention(self, error: BaseException) -> bool:
+        # 1213: an InnoDB deadlock, and on Galera a certification conflict: a write set
+        # that lost to another node's at COMMIT is reported as a deadlock.
+        return _mysql_code(error) == 1213
 
     def is_transient(self, error: BaseException) -> bool:
         orig = getattr(error, "orig", None)

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, TypeVar
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Engine,
     Float,
     Select,
     Table,
@@ -36,6 +37,7 @@ from .open_first import (
     reuse,
     split_order,
 )
+from .pooling import detect_pooler
 from .terms import PENDING_COLUMNS, Claim, Owner, WorkerTable, claim_columns
 
 # SQLSTATEs worth retrying: serialization failure, deadlock, lock not available,
@@ -97,6 +99,12 @@ class PostgreSQLDialect(Dialect):
         # clock_timestamp(), not now(): now() is frozen at transaction start, and a
         # lease must be measured from when the statement really ran.
         return cast(extract("epoch", func.clock_timestamp()), Float())
+
+    def configure_engine(self, engine: Engine, handlers: bool = False) -> None:
+        super().configure_engine(engine, handlers)
+        # Through PgBouncer's transaction pooling a server-side prepared statement
+        # lands on a server connection other clients share: psycopg must not prepare.
+        detect_pooler(engine)
 
     def reset_session(self, conn: Connection) -> None:
         # Settings, prepared statements, temporary tables, advisory locks, LISTENs:
@@ -288,6 +296,11 @@ class PostgreSQLDialect(Dialect):
         result = run()
         conn.execute(_RESTORE_ALONE, old)
         return result
+
+    def is_contention(self, error: BaseException) -> bool:
+        # Serialization failure, deadlock detected.
+        sqlstate = getattr(getattr(error, "orig", None), "sqlstate", None)
+        return sqlstate in ("40001", "40P01")
 
     def is_transient(self, error: BaseException) -> bool:
         sqlstate = getattr(getattr(error, "orig", None), "sqlstate", None)

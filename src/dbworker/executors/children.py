@@ -20,11 +20,18 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from ..core.errors import HelperProcessError
 from ..core.tasks import Task
 from .process import describe_exit, receive, send
 
 #: How long shutdown waits for an idle child to exit before killing it.
 EXIT_GRACE_SECONDS = 5.0
+#: How many times a process start is tried when the helper that starts processes
+#: (multiprocessing's fork server) died under it; multiprocessing starts a new fork
+#: server on the next try.
+LAUNCH_ATTEMPTS = 3
+#: The wait before each further try.
+LAUNCH_RETRY_SECONDS = 0.2
 #: A child that dies before it is ready is replaced after this long, doubling while
 #: its replacements die too: a broken interpreter or environment must not spin.
 STARTUP_RETRY_SECONDS = 0.5
@@ -45,13 +52,37 @@ def start_process(
 ) -> tuple[Any, Connection]:
     """Start ``target(its end of a new pipe, *args)`` in a process of ``context``
     (a multiprocessing context); return the process and our end of the pipe."""
-    ours, theirs = context.Pipe()
-    # Not daemonic: a daemonic process may not start processes of its own,
-    # and handlers are free to. Shutdown and the parent watch end them instead.
-    process = context.Process(target=target, args=(theirs, *args), name=name)
-    process.start()
-    theirs.close()
-    return process, ours
+    for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+        ours, theirs = context.Pipe()
+        # Not daemonic: a daemonic process may not start processes of its own,
+        # and handlers are free to. Shutdown and the parent watch end them instead.
+        process = context.Process(target=target, args=(theirs, *args), name=name)
+        try:
+            process.start()
+        except (EOFError, ConnectionError) as exc:
+            # The fork server died while it was starting this process (killed, the OOM
+            # killer): its socket closed mid-request. multiprocessing sees it dead on
+            # the next start and launches a new one.
+            ours.close()
+            theirs.close()
+            if attempt == LAUNCH_ATTEMPTS:
+                raise HelperProcessError(
+                    f"cannot start a {name} process: the {context.get_start_method()} "
+                    f"helper process died {attempt} times while starting it "
+                    f"({type(exc).__name__}: {str(exc) or 'connection closed'})"
+                ) from exc
+            log.warning(
+                "dbworker: the %s helper process died while starting a %s process (%s); "
+                "trying again",
+                context.get_start_method(),
+                name,
+                type(exc).__name__,
+            )
+            time.sleep(LAUNCH_RETRY_SECONDS)
+            continue
+        theirs.close()
+        return process, ours
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class ProcessHandle(Protocol):

@@ -84,7 +84,13 @@ class PrometheusMetrics:
         }
         self.database_errors = client.Counter(
             "dbworker_database_errors",
-            "Coordination transactions that failed (outages, deadlocks)",
+            "Coordination transactions that failed (outages, errors)",
+            registry=self.registry,
+        )
+        self.contention = client.Counter(
+            "dbworker_contention",
+            "Coordination transactions that lost to a concurrent one and were tried again "
+            "(deadlocks, Galera certification conflicts)",
             registry=self.registry,
         )
 
@@ -119,6 +125,9 @@ class PrometheusMetrics:
         """The listener: count ``event``."""
         if event.kind is EventKind.DATABASE_ERROR:
             self.database_errors.inc()
+            return
+        if event.kind is EventKind.CONTENTION:
+            self.contention.inc()
             return
         counter = self._counters.get((event.kind, event.worker or ""))
         if counter is None:

@@ -4,6 +4,7 @@ and an outbox of transitions retried, in order, until the database accepts them.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ log = logging.getLogger("dbworker")
 #: Wait after a database error before trying again (doubling up to the cap).
 DB_RETRY_SECONDS = 0.5
 DB_RETRY_MAX_SECONDS = 10.0
+#: Contention is retried after a random wait up to this (apart from the next claimer).
+CONTENTION_RETRY_SECONDS = 0.05
 
 
 @dataclass(slots=True)
@@ -32,6 +35,8 @@ class SchedulerHealth:
     last_error_at: float | None = None
     claimed: int = 0
     completed: int = 0
+    #: Coordination transactions that lost to concurrent ones (retried, not errors).
+    contention: int = 0
     #: Set if the scheduler itself stopped on an unexpected error (a bug).
     crashed: str | None = None
 
@@ -98,6 +103,9 @@ class Outbox:
         return result
 
     def _error(self, description: str, exc: Exception, extra: dict[str, Any] | None) -> None:
+        if self.dialect.is_contention(exc):
+            self._contention(description, exc, extra)
+            return
         transient = self.dialect.is_transient(exc)
         if self.health.database_ok or not transient:
             # Once per incident: the first error of an outage, and every non-transient one.
@@ -116,6 +124,17 @@ class Outbox:
             self.events.emit(Event(EventKind.DATABASE_ERROR, worker, error=self.health.last_error))
         self._wait = min(max(self._wait * 2, DB_RETRY_SECONDS), DB_RETRY_MAX_SECONDS)
         self.blocked_until = time.monotonic() + self._wait
+
+    def _contention(self, description: str, exc: Exception, extra: dict[str, Any] | None) -> None:
+        """Lost to a concurrent transaction (a deadlock, a Galera certification conflict):
+        counted, logged at debug level, tried again after a short wait. The database is
+        fine, so nothing else waits for it."""
+        self.health.contention += 1
+        log.debug("dbworker: contention while %s (%s); trying again", description, exc)
+        if self.events:
+            worker = extra.get("worker") if extra else None
+            self.events.emit(Event(EventKind.CONTENTION, worker, error=str(exc)[:2000]))
+        self.blocked_until = time.monotonic() + random.uniform(0, CONTENTION_RETRY_SECONDS)
 
     def write(
         self,

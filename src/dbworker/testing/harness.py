@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine, Select, create_engine, insert, select
 from sqlalchemy.pool import NullPool
 
 from ..dialects import Claim, Clock, Dialect, ErrorInfo, Owner, WorkerTable
+from ..dialects.pooling import is_pooled
 from .models import (
     FIRST_WORKER,
     GROUPS,
@@ -32,7 +33,7 @@ from .models import (
     ItemRow,
     Keyed,
 )
-from .servers import SERVERS
+from .servers import SERVERS, per_transaction
 
 #: Anything that makes the dialect under test from the kit's clock: a ``Dialect``
 #: subclass, or e.g. ``functools.partial(dbworker.dialects.for_url, url)``.
@@ -152,7 +153,9 @@ class Harness:
         # Without a known server, a broken dialect's lock wait lasts as long as the
         # database lets it (the checks pass or fail the same).
         server = SERVERS.get(conn.dialect.name)
-        if server is not None:
+        if server is not None and is_pooled(conn) and server.lock_timeout_local is not None:
+            per_transaction(conn, server.lock_timeout_local(lock_timeout))
+        elif server is not None:
             with conn.begin():
                 conn.exec_driver_sql(server.lock_timeout(lock_timeout))
         return conn

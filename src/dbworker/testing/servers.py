@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from sqlalchemy import Connection, event
 from sqlalchemy.exc import DBAPIError
 
 
@@ -34,6 +36,10 @@ class Server:
     sessions_with_id: str | None
     #: Whether an error is a lock wait that timed out.
     is_lock_wait: Callable[[DBAPIError], bool]
+    #: ``lock_timeout`` for one transaction, for a connection through a transaction
+    #: pooler, where a session setting would stay on a server connection other clients
+    #: get (None: the server is not used behind one).
+    lock_timeout_local: Callable[[float], str] | None = None
 
 
 def _sqlstate(error: DBAPIError) -> str | None:
@@ -47,6 +53,7 @@ def _mysql_code(error: DBAPIError) -> object:
 
 POSTGRESQL = Server(
     lock_timeout=lambda seconds: f"SET lock_timeout = '{round(seconds * 1000)}ms'",
+    lock_timeout_local=lambda seconds: f"SET LOCAL lock_timeout = '{round(seconds * 1000)}ms'",
     machine_session=(
         # 0 would mean "wait forever"; any wait here is on a lock that cannot be
         # released while this thread waits, so the length does not matter.
@@ -112,3 +119,21 @@ def server(name: str) -> Server:
             f"the kit does not know the {name!r} database server: add "
             f"dbworker.testing.SERVERS[{name!r}] (an existing entry, or a Server)"
         ) from None
+
+
+def per_transaction(conn: Connection, statement: str) -> None:
+    """Run ``statement`` first in each transaction ``conn`` begins (a ``SET LOCAL``), on
+    the driver's cursor before the transaction's first statement: for a connection
+    through a transaction pooler, whose transactions may each run on another server
+    connection. Needs a driver that reports the transaction status (psycopg)."""
+
+    @event.listens_for(conn, "before_cursor_execute")
+    def _first(
+        _conn: Connection, cursor: Any, _sql: str, _params: Any, _context: Any, _many: bool
+    ) -> None:
+        dbapi_connection = cursor.connection
+        if getattr(dbapi_connection, "autocommit", False):
+            return
+        status = getattr(getattr(dbapi_connection, "info", None), "transaction_status", None)
+        if status is not None and int(status) == 0:  # IDLE: this statement begins one
+            cursor.execute(statement)

@@ -153,8 +153,8 @@ class Listener:
                 # and notifications would reach other clients or no one.
                 raise PoolerDetected(
                     f"the connection goes through a pooler (backend pid {conn.info.backend_pid} "
-                    f"at connect, {pid} running queries; PgBouncer?): point database_url "
-                    "at the server itself to be woken"
+                    f"at connect, {pid} running queries; PgBouncer?): pass the Coordinator "
+                    "listen_url=, a URL of the server itself, to be woken"
                 )
             for channel in sorted(self.channels):
                 conn.execute(f'LISTEN "{channel}"')
