@@ -28,9 +28,10 @@ from .executors import resolve as resolve_executor
 from .forkserver import preload_forkserver
 from .health import Health
 from .invocation import ChildConfig, ProcessRunner
+from .limit_options import check_limits
 from .logs import logger
 from .operations import Operations
-from .periodic import Tick, periodic_registration
+from .periodic import Tick, periodic_limits, periodic_registration
 from .preflight import (
     check_coordinator_arguments,
     check_driver,
@@ -44,7 +45,7 @@ from .scheduling import Scheduler, WorkerState
 from .schema import coordinators_table
 from .tables import WorkerTables
 from .wake_wiring import WakeWiring
-from .wakeups import Wakeups, Watched
+from .wakeups import Watched
 from .worker import (
     DEFAULT_MAX_CRASHES,
     Eligible,
@@ -177,17 +178,20 @@ class Coordinator:
         retry: RetryPolicy | None = None,
         max_crashes: int = DEFAULT_MAX_CRASHES,
         executor: ExecutorChoice | str | None = None,
+        exclusive_by: Any = None,
+        rate_limit: str | None = None,
+        rate_limit_by: Any = None,
     ) -> Callable[
         [Callable[[SourceModel, Session], OutcomeType]],
         Callable[[SourceModel, Session], OutcomeType],
     ]:
         """Register the decorated function as the handler of worker ``name``. The
-        function is returned unchanged, so it stays callable in unit tests."""
+        function is returned unchanged, so it stays callable in unit tests (limits: api.md)."""
         check_options(self._url, name, eligible, concurrency, timeout, retry, max_crashes)
         chosen = self._executor_choice if executor is None else resolve_executor(executor)
         self._check_name_free(name)
-        # Validate the source now, before the decorator receives the handler.
-        source_mapper(source)
+        limits = (exclusive_by, rate_limit, rate_limit_by)  # checked before the decorator runs
+        check_limits(source_mapper(source).primary_key[0].table, *limits)
 
         def register(
             handler: Callable[[SourceModel, Session], OutcomeType],
@@ -197,7 +201,7 @@ class Coordinator:
                 handler,
                 lambda: Registration(
                     name, handler, source, eligible, concurrency, self._dialect,
-                    timeout, retry, max_crashes, chosen,
+                    timeout, retry, max_crashes, chosen, None, None, *limits,
                 ),
             )  # fmt: skip
             return handler
@@ -217,13 +221,16 @@ class Coordinator:
         retry: RetryPolicy | None = None,
         max_crashes: int = DEFAULT_MAX_CRASHES,
         executor: ExecutorChoice | str | None = None,
+        exclusive: bool = False,
+        rate_limit: str | None = None,
     ) -> Callable[[Callable[[Tick, Session], OutcomeType]], Callable[[Tick, Session], OutcomeType]]:
         """Register the decorated function as periodic worker ``name``, called with a
         ``Tick`` for each slot of ``cron`` (five fields, in ``timezone``) or ``every``
         (a timedelta), made once however many coordinators run. ``catch_up`` ("latest",
         "all", "none"): what a start after every coordinator was down makes of the
-        slots missed meanwhile."""
+        slots missed meanwhile. ``exclusive``: no two ticks run at once (``rate_limit``)."""
         schedule = Schedule.of(cron=cron, every=every, timezone=timezone, catch_up=catch_up)
+        limits = periodic_limits(exclusive, rate_limit)
         check_options(self._url, name, None, concurrency, timeout, retry, max_crashes)
         chosen = self._executor_choice if executor is None else resolve_executor(executor)
         self._check_name_free(name)
@@ -237,6 +244,7 @@ class Coordinator:
                 lambda: periodic_registration(
                     name, handler, schedule, concurrency=concurrency, dialect=self._dialect,
                     timeout=timeout, retry=retry, max_crashes=max_crashes, executor=chosen,
+                    limits=limits,
                 ),
             )  # fmt: skip
             return handler
@@ -319,7 +327,7 @@ class Coordinator:
                     timings,
                     Owner.current(),
                     events=self._events,
-                    wakeups=self._wakeups(engine),
+                    wakeups=self._wake_wiring.listener(engine, self._timings),
                 )
                 scheduler.start()
             except BaseException:
@@ -348,9 +356,6 @@ class Coordinator:
     def _watched(self) -> list[Watched]:
         return self._wake_wiring.watched()
 
-    def _wakeups(self, engine: Engine) -> Wakeups | None:
-        return self._wake_wiring.listener(engine, self._timings)
-
     def notify_trigger_sql(self, worker: str) -> list[str]:
         """PostgreSQL DDL for an opt-in trigger that wakes ``worker`` on any write to the
         tables its ``eligible`` reads (its source included), by whomever: raw SQL,
@@ -360,12 +365,7 @@ class Coordinator:
 
     def create_notify_triggers(self, workers: Iterable[str] | None = None) -> None:
         """Create ``notify_trigger_sql``'s triggers for ``workers`` (default: all)."""
-        with self.session_factory() as session:
-            conn = session.connection()
-            for name in workers or list(self._workers):
-                for statement in self.notify_trigger_sql(name):
-                    conn.exec_driver_sql(statement)
-            session.commit()
+        self._wake_wiring.create_triggers(workers)
 
     def _runner(self) -> ProcessRunner:
         """What runs in each handler process (the executors start it there)."""
