@@ -7,7 +7,6 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Table
 from sqlalchemy.sql import coercions, roles
-from sqlalchemy.sql.util import find_tables
 
 from .core.errors import ConfigurationError
 from .core.limits import parse_rate
@@ -24,11 +23,11 @@ def key_expression(option: str, value: object, source: Table) -> ColumnElement[A
         raise ConfigurationError(
             f"{option} must be a column or SQL expression of {source.name}, got {value!r}"
         ) from exc
-    tables = set(find_tables(expression, include_aliases=True, include_joins=True))
-    if not tables or tables != {source}:
+    tables = set(expression._from_objects)
+    if tables != {source}:
         names = ", ".join(sorted(getattr(t, "name", str(t)) for t in tables)) or "no table"
         raise ConfigurationError(
-            f"{option}={value!r} must be an expression of the source's table {source.name}, "
+            f"{option}={value} must be an expression of the source's table {source.name}, "
             f"but it reads {names}"
         )
     return expression

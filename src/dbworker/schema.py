@@ -88,6 +88,23 @@ def add_held_key(table: Table, worker: str) -> None:
     Index(held_key_index_name(worker), table.c[HELD_KEY], unique=True)
 
 
+def add_missing_held_key(conn: Connection, table: Table) -> None:
+    """Add ``held_key`` and its unique index to an execution table that an earlier
+    version (or a worker without exclusive_by) created without them."""
+    if HELD_KEY not in table.c:
+        return
+    present = {c["name"] for c in inspect(conn).get_columns(table.name, schema=table.schema)}
+    if HELD_KEY in present:
+        return
+    column = table.c[HELD_KEY]
+    kind = column.type.compile(dialect=conn.dialect)
+    name = conn.dialect.identifier_preparer.format_table(table)
+    conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {HELD_KEY} {kind}")
+    for index in table.indexes:
+        if HELD_KEY in index.columns:
+            index.create(conn, checkfirst=True)
+
+
 def execution_table(
     worker: str, source_id_type: TypeEngine[Any], metadata: MetaData, *, keyed: bool = False
 ) -> Table:
