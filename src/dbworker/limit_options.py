@@ -6,12 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import ColumnElement, Table
-from sqlalchemy.sql import coercions, roles
+from sqlalchemy.sql import ClauseElement, coercions, roles
 
 from .core.errors import ConfigurationError
 from .core.limits import parse_rate
 from .dialects import Limits
 from .schema import rate_slots_table
+
+
+def _shown(value: object) -> str:
+    """How a message names ``value``: ``Doc.owner`` for a mapped attribute, else repr."""
+    if isinstance(value, ClauseElement) or hasattr(value, "__clause_element__"):
+        return str(value)
+    return repr(value)
 
 
 def key_expression(option: str, value: object, source: Table) -> ColumnElement[Any]:
@@ -21,13 +28,13 @@ def key_expression(option: str, value: object, source: Table) -> ColumnElement[A
         expression: ColumnElement[Any] = coercions.expect(roles.ExpressionElementRole, value)
     except Exception as exc:  # SQLAlchemy's ArgumentError, or anything coercion raised
         raise ConfigurationError(
-            f"{option} must be a column or SQL expression of {source.name}, got {value!r}"
+            f"{option} must be a column or SQL expression of {source.name}, got {_shown(value)}"
         ) from exc
     tables = set(expression._from_objects)
     if tables != {source}:
         names = ", ".join(sorted(getattr(t, "name", str(t)) for t in tables)) or "no table"
         raise ConfigurationError(
-            f"{option}={value} must be an expression of the source's table {source.name}, "
+            f"{option}={_shown(value)} must be an expression of the source's table {source.name}, "
             f"but it reads {names}"
         )
     return expression
@@ -48,7 +55,7 @@ def check_limits(
     )
     if rate_limit is None and rate_limit_by is not None:
         raise ConfigurationError(
-            f'rate_limit_by={rate_limit_by!r} needs a rate_limit (e.g. rate_limit="5/s")'
+            f'rate_limit_by={_shown(rate_limit_by)} needs a rate_limit (e.g. rate_limit="5/s")'
         )
     rate = None if rate_limit is None else parse_rate(rate_limit)
     rate_key = None

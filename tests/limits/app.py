@@ -76,5 +76,5 @@ def register(coordinator: Coordinator, concurrency: int) -> None:
     )(run)
 
 
-def select_kind(kind: str) -> Select[tuple[Job]]:
+def select_kind(kind: str) -> Select[Job]:
     return select(Job).where(Job.kind == kind).order_by(Job.id)
