@@ -28,9 +28,10 @@ from .executors import resolve as resolve_executor
 from .forkserver import preload_forkserver
 from .health import Health
 from .invocation import ChildConfig, ProcessRunner
+from .limit_options import check_limits
 from .logs import logger
 from .operations import Operations
-from .periodic import Tick, periodic_registration
+from .periodic import Tick, periodic_limits, periodic_registration
 from .preflight import (
     check_coordinator_arguments,
     check_driver,
@@ -179,17 +180,20 @@ class Coordinator:
         retry: RetryPolicy | None = None,
         max_crashes: int = DEFAULT_MAX_CRASHES,
         executor: ExecutorChoice | str | None = None,
+        exclusive_by: Any = None,
+        rate_limit: str | None = None,
+        rate_limit_by: Any = None,
     ) -> Callable[
         [Callable[[SourceModel, Session], OutcomeType]],
         Callable[[SourceModel, Session], OutcomeType],
     ]:
         """Register the decorated function as the handler of worker ``name``. The
-        function is returned unchanged, so it stays callable in unit tests."""
+        function is returned unchanged, so it stays callable in unit tests (limits: api.md)."""
         check_options(self._url, name, eligible, concurrency, timeout, retry, max_crashes)
         chosen = self._executor_choice if executor is None else resolve_executor(executor)
         self._check_name_free(name)
-        # Validate the source now, before the decorator receives the handler.
-        source_mapper(source)
+        limits = (exclusive_by, rate_limit, rate_limit_by)  # checked before the decorator runs
+        check_limits(source_mapper(source).primary_key[0].table, *limits)
 
         def register(
             handler: Callable[[SourceModel, Session], OutcomeType],
@@ -199,7 +203,7 @@ class Coordinator:
                 handler,
                 lambda: Registration(
                     name, handler, source, eligible, concurrency, self._dialect,
-                    timeout, retry, max_crashes, chosen,
+                    timeout, retry, max_crashes, chosen, None, None, *limits,
                 ),
             )  # fmt: skip
             return handler
@@ -219,13 +223,16 @@ class Coordinator:
         retry: RetryPolicy | None = None,
         max_crashes: int = DEFAULT_MAX_CRASHES,
         executor: ExecutorChoice | str | None = None,
+        exclusive: bool = False,
+        rate_limit: str | None = None,
     ) -> Callable[[Callable[[Tick, Session], OutcomeType]], Callable[[Tick, Session], OutcomeType]]:
         """Register the decorated function as periodic worker ``name``, called with a
         ``Tick`` for each slot of ``cron`` (five fields, in ``timezone``) or ``every``
         (a timedelta), made once however many coordinators run. ``catch_up`` ("latest",
         "all", "none"): what a start after every coordinator was down makes of the
-        slots missed meanwhile."""
+        slots missed meanwhile. ``exclusive``: no two ticks run at once (``rate_limit``)."""
         schedule = Schedule.of(cron=cron, every=every, timezone=timezone, catch_up=catch_up)
+        limits = periodic_limits(exclusive, rate_limit)
         check_options(self._url, name, None, concurrency, timeout, retry, max_crashes)
         chosen = self._executor_choice if executor is None else resolve_executor(executor)
         self._check_name_free(name)
@@ -239,6 +246,7 @@ class Coordinator:
                 lambda: periodic_registration(
                     name, handler, schedule, concurrency=concurrency, dialect=self._dialect,
                     timeout=timeout, retry=retry, max_crashes=max_crashes, executor=chosen,
+                    limits=limits,
                 ),
             )  # fmt: skip
             return handler
@@ -302,7 +310,7 @@ class Coordinator:
                 check_picklable(worker.name, worker.handler)
                 worker.eligible_query()
             self._tables.check_database_exists()
-            engine = self._coordination_engine()
+            engine = coordination_engine(self._url, self._dialect, self.engine_options)
             states: list[WorkerState] = []
             try:
                 with self.session_factory() as session:
@@ -359,20 +367,12 @@ class Coordinator:
 
     def create_notify_triggers(self, workers: Iterable[str] | None = None) -> None:
         """Create ``notify_trigger_sql``'s triggers for ``workers`` (default: all)."""
-        with self.session_factory() as session:
-            conn = session.connection()
-            for name in workers or list(self._workers):
-                for statement in self.notify_trigger_sql(name):
-                    conn.exec_driver_sql(statement)
-            session.commit()
+        self._wake_wiring.create_triggers(workers)
 
     def _runner(self) -> ProcessRunner:
         """What runs in each handler process (the executors start it there)."""
         config = ChildConfig(self.database_url, self.engine_options, type(self._dialect))
         return ProcessRunner(config)
-
-    def _coordination_engine(self) -> Engine:
-        return coordination_engine(self._url, self._dialect, self.engine_options)
 
     def drain(
         self,
@@ -394,7 +394,7 @@ class Coordinator:
             self._tables.check_database_exists()
             with self.session_factory() as session:
                 self._tables.check(session)
-        engine = self._coordination_engine()
+        engine = coordination_engine(self._url, self._dialect, self.engine_options)
         runner = self._runner()
         try:
             return drain(

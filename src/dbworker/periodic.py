@@ -10,15 +10,17 @@ insert that ignores the duplicate, not a leader.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Select, select
 
+from .core.errors import ConfigurationError
 from .core.schedules import Schedule
 from .core.timing import RetryPolicy
 from .dialects import Dialect
 from .executors import ExecutorChoice
-from .schema import Tick
+from .limit_options import check_limits
+from .schema import TICKS, Tick
 from .worker import Handler, Registration
 
 
@@ -38,8 +40,10 @@ def periodic_registration(
     retry: RetryPolicy | None,
     max_crashes: int,
     executor: ExecutorChoice,
+    limits: tuple[Any, str | None] = (None, None),
 ) -> Registration:
-    """A periodic worker's registration: a worker over its own ticks."""
+    """A periodic worker's registration: a worker over its own ticks; ``limits`` is
+    ``periodic_limits``'s (exclusive_by, rate_limit)."""
     return Registration(
         name=name,
         handler=handler,
@@ -54,7 +58,20 @@ def periodic_registration(
         executor=executor,
         schedule=schedule,
         source_filter=Tick.worker == name,
+        # Exclusive: the key is the worker's own name, the same for all its ticks.
+        exclusive_by=limits[0],
+        rate_limit=limits[1],
     )
 
 
-__all__ = ["Tick", "periodic_registration", "ticks_of"]
+def periodic_limits(exclusive: object, rate_limit: object) -> tuple[Any, str | None]:
+    """A periodic worker's (exclusive_by, rate_limit), checked: ``exclusive`` makes its
+    ticks one key (no two run at once); a rate limit is worker-wide."""
+    if not isinstance(exclusive, bool):
+        raise ConfigurationError(f"exclusive must be True or False, got {exclusive!r}")
+    key = Tick.worker if exclusive else None
+    check_limits(TICKS, key, rate_limit)
+    return key, cast(str | None, rate_limit)
+
+
+__all__ = ["Tick", "periodic_limits", "periodic_registration", "ticks_of"]

@@ -64,12 +64,61 @@ def _columns(source_id_type: TypeEngine[Any]) -> list[Column[Any]]:
     ]
 
 
-def execution_table(worker: str, source_id_type: TypeEngine[Any], metadata: MetaData) -> Table:
-    """Define (or return the existing) execution table of ``worker`` in ``metadata``."""
+#: The key an ``exclusive_by`` worker's WORKING record holds (NULL otherwise), as text.
+HELD_KEY = "held_key"
+HELD_KEY_LENGTH = 255
+
+
+def held_key_index_name(worker: str) -> str:
+    return f"{table_name(worker)}_held_uq"
+
+
+def add_held_key(table: Table, worker: str) -> None:
+    """Give an exclusive_by worker's table its ``held_key`` column and unique index.
+
+    Set by a claim to the source row's key and cleared by every transition out of
+    WORKING (``core.transitions``): the unique index is what lets no two records hold
+    one key, across all coordinators. NULLs are distinct in a unique index on every
+    supported database, so records that hold nothing never conflict, and no partial
+    index is needed (MariaDB has none).
+    """
+    if HELD_KEY in table.c:
+        return
+    table.append_column(Column(HELD_KEY, String(HELD_KEY_LENGTH)))
+    Index(held_key_index_name(worker), table.c[HELD_KEY], unique=True)
+
+
+def add_missing_held_key(conn: Connection, table: Table) -> None:
+    """Add ``held_key`` and its unique index to an execution table that an earlier
+    version (or a worker without exclusive_by) created without them."""
+    if HELD_KEY not in table.c:
+        return
+    present = {c["name"] for c in inspect(conn).get_columns(table.name, schema=table.schema)}
+    if HELD_KEY in present:
+        return
+    column = table.c[HELD_KEY]
+    kind = column.type.compile(dialect=conn.dialect)
+    name = conn.dialect.identifier_preparer.format_table(table)
+    conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {HELD_KEY} {kind}")
+    for index in table.indexes:
+        if HELD_KEY in index.columns:
+            index.create(conn, checkfirst=True)
+
+
+def execution_table(
+    worker: str, source_id_type: TypeEngine[Any], metadata: MetaData, *, keyed: bool = False
+) -> Table:
+    """Define (or return the existing) execution table of ``worker`` in ``metadata``;
+    ``keyed``: with the ``held_key`` column of an ``exclusive_by`` worker."""
     name = table_name(worker)
     if name in metadata.tables:
-        return metadata.tables[name]
+        table = metadata.tables[name]
+        if keyed:
+            add_held_key(table, worker)
+        return table
     table = Table(name, metadata, *_columns(source_id_type), comment=f"dbworker: {worker}")
+    if keyed:
+        add_held_key(table, worker)
     # Claims only look at open records; a partial index (where supported) keeps
     # the scan proportional to open work, not to history. MySQL has no partial
     # indexes and uses the leading status column instead.
@@ -93,9 +142,9 @@ def execution_table(worker: str, source_id_type: TypeEngine[Any], metadata: Meta
     return table
 
 
-def detached_table(worker: str, source_id_type: TypeEngine[Any]) -> Table:
+def detached_table(worker: str, source_id_type: TypeEngine[Any], *, keyed: bool = False) -> Table:
     """The same table in a private MetaData, for child processes that only write rows."""
-    return execution_table(worker, source_id_type, MetaData())
+    return execution_table(worker, source_id_type, MetaData(), keyed=keyed)
 
 
 def expected_columns() -> set[str]:
@@ -133,6 +182,28 @@ def coordinators_table(metadata: MetaData) -> Table:
         Column("stats", Text),
         Column("stats_at", Double),
         comment="dbworker: running coordinators",
+    )
+
+
+#: Rate limits' slots: N rows per (worker, key), each the time it was last used.
+RATE_SLOTS_TABLE = "dbworker_rate_slots"
+
+
+def rate_slots_table(metadata: MetaData) -> Table:
+    """Define (or return the existing) rate-limit slots table in ``metadata`` (beside
+    the execution tables, so that ``create_all`` and Alembic see it)."""
+    if RATE_SLOTS_TABLE in metadata.tables:
+        return metadata.tables[RATE_SLOTS_TABLE]
+    return Table(
+        RATE_SLOTS_TABLE,
+        metadata,
+        Column("worker", String(HELD_KEY_LENGTH), primary_key=True, autoincrement=False),
+        # '' for a worker-wide limit; the rate_limit_by key as text otherwise.
+        Column("rate_key", String(HELD_KEY_LENGTH), primary_key=True, autoincrement=False),
+        Column("slot", Integer, primary_key=True, autoincrement=False),
+        # Epoch seconds on the database's clock; 0 for a slot never used.
+        Column("used_at", Double, nullable=False),
+        comment="dbworker: rate limits' slots",
     )
 
 

@@ -18,7 +18,7 @@ from .core.errors import ConfigurationError, DBWorkerError
 from .core.names import table_name
 from .dialects import Dialect
 from .preflight import missing_sqlite_file
-from .schema import TICKS, coordinators_table, expected_columns
+from .schema import HELD_KEY, TICKS, add_missing_held_key, coordinators_table, expected_columns
 from .worker import Registration
 
 
@@ -53,6 +53,11 @@ class WorkerTables:
         periodic = any(w.schedule is not None for w in self.workers.values())
         return [TICKS] if periodic else []
 
+    def rate_slots(self) -> list[Table]:
+        """The rate limits' slots table, when a worker has a rate limit (else none)."""
+        limits = [w.table.limits for w in self.workers.values() if w.table.limits is not None]
+        return list({id(x.slots): x.slots for x in limits if x.slots is not None}.values())
+
     def create(self) -> None:
         """Create the execution tables of all registered workers and the registry
         (idempotent), and check that tables which already exist have the shape this
@@ -62,8 +67,10 @@ class WorkerTables:
         with self.session_factory() as session:
             bind = session.connection()
             tables = [*self.ticks(), *(w.table.table for w in self.workers.values())]
-            for table in [*tables, self.registry()]:
+            for table in [*tables, *self.rate_slots(), self.registry()]:
                 table.create(bind, checkfirst=True)
+            for worker in self.workers.values():
+                add_missing_held_key(bind, worker.table.table)
             session.commit()
             self.check(session)
 
@@ -71,7 +78,7 @@ class WorkerTables:
         """Check the worker tables through the session factory and, with ``engine``,
         through ``database_url`` too (which child processes and the scheduler use)."""
         inspector = inspect(session.connection())
-        for ticks in self.ticks():
+        for ticks in [*self.ticks(), *self.rate_slots()]:
             if not inspector.has_table(ticks.name):
                 raise ConfigurationError(
                     f"the table {ticks.name} of the periodic workers does not exist; call "
@@ -85,7 +92,16 @@ class WorkerTables:
                     "coordinator.create_worker_tables() (or run your migrations) first"
                 )
             present = {c["name"] for c in inspector.get_columns(name)}
-            missing = sorted(expected_columns() - present)
+            expected = expected_columns() | (
+                {HELD_KEY} if HELD_KEY in worker.table.table.c else set()
+            )
+            missing = sorted(expected - present)
+            if missing == [HELD_KEY]:
+                raise ConfigurationError(
+                    f"the table {name} of worker {worker.name!r} has no {HELD_KEY} column, "
+                    "which exclusive_by needs: call coordinator.create_worker_tables() (it "
+                    "adds the column and its unique index) or add them in a migration"
+                )
             if missing:
                 raise ConfigurationError(
                     f"the table {name} of worker {worker.name!r} has an older or different "

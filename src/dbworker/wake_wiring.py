@@ -5,7 +5,7 @@ PostgreSQL trigger DDL for writes that bypass the session factory."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
@@ -42,6 +42,7 @@ class WakeWiring:
         self.url = url
         #: Where the listener connects, when not to ``url`` (which goes through a pooler).
         self.listen_url = None if listen_url is None else self._listen_url(listen_url)
+        self.session_factory = session_factory
         #: The coordinator's registrations, as they grow.
         self.workers = workers
         self.notifications = notifications
@@ -125,3 +126,12 @@ class WakeWiring:
         # The shared function is created once, before the triggers that call it.
         first = statements[0]
         return [first, *[s for s in statements if s != first]]
+
+    def create_triggers(self, workers: Iterable[str] | None) -> None:
+        """``Coordinator.create_notify_triggers``: the triggers of ``workers`` (all)."""
+        with self.session_factory() as session:
+            conn = session.connection()
+            for name in workers or list(self.workers):
+                for statement in self.trigger_sql(self.workers[name]):
+                    conn.exec_driver_sql(statement)
+            session.commit()

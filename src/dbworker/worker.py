@@ -26,6 +26,7 @@ from .core.tasks import Task
 from .core.timing import RetryPolicy, require_positive
 from .dialects import Claim, Dialect, WorkerTable
 from .executors import ExecutorChoice, Pool
+from .limit_options import check_limits
 from .records import ExecutionState, FailedItem
 from .schema import execution_table
 
@@ -132,15 +133,21 @@ class Registration:
     schedule: Schedule | None = None
     #: Which source rows are this worker's, for discovery (``WorkerTable.source_filter``).
     source_filter: ColumnElement[bool] | None = None
+    #: Per-key exclusivity and rate limits, as given (``limit_options``).
+    exclusive_by: Any = None
+    rate_limit: str | None = None
+    rate_limit_by: Any = None
     table: WorkerTable = field(init=False)
 
     def __post_init__(self) -> None:
         mapper = source_mapper(self.source)
         pk = mapper.primary_key[0]
         metadata = pk.table.metadata  # the source table's MetaData: Alembic sees ours too
-        table = execution_table(self.name, pk.type, metadata)
+        limits = check_limits(pk.table, self.exclusive_by, self.rate_limit, self.rate_limit_by)
+        keyed = limits is not None and limits.keyed
+        table = execution_table(self.name, pk.type, metadata, keyed=keyed)
         self.table = WorkerTable(
-            self.name, table, pk, isinstance(pk.type, Integer), self.source_filter
+            self.name, table, pk, isinstance(pk.type, Integer), self.source_filter, limits
         )
 
     # -- the eligible query ------------------------------------------------------
@@ -176,6 +183,7 @@ class Registration:
             self.handler,
             self.source,
             self.retry,
+            self.table.limits is not None and self.table.limits.keyed,
         )
 
     # -- status, for the application -------------------------------------------------

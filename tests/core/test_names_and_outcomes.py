@@ -107,12 +107,12 @@ def test_a_task_payload_is_unpickled_once_per_process() -> None:
 
     from dbworker.core import tasks
 
-    payload = pickle.dumps((print, int, None))
+    payload = pickle.dumps((print, int, None, False))
     first = tasks.task_from_message((("w", 1, 1, 1, 0), payload))
     again = tasks.task_from_message((("w", 2, 1, 1, 0), payload))
     assert isinstance(first, tasks.Task) and isinstance(again, tasks.Task)
     assert (again.handler, again.source, again.source_id) == (print, int, 2)
-    assert tasks._decoded[payload] == (print, int, None)
+    assert tasks._decoded[payload] == (print, int, None, False)
 
 
 def test_a_payload_that_cannot_be_unpickled_is_reported_each_time() -> None:

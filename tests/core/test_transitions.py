@@ -18,6 +18,7 @@ from dbworker.core.status import OPEN, TERMINAL
 from dbworker.core.transitions import (
     ERROR,
     INCREMENT,
+    KEY,
     LATER,
     NULL,
     OWNER,
@@ -151,8 +152,10 @@ def test_each_row_sets_what_its_transition_means() -> None:
         "claimed_at": NOW_VALUE,
         "owner_host": OWNER,
         "owner_pid": OWNER,
+        "held_key": KEY,
     }
-    ended = {"lease_expires_at": NULL}
+    # Every ending frees the key an exclusive_by worker's record held.
+    ended = {"lease_expires_at": NULL, "held_key": NULL}
     assert written == {
         Transition.CLAIM: claimed,
         Transition.TAKEOVER: {"crashes": INCREMENT, **claimed},

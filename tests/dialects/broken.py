@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import ColumnElement, Connection, Select, Table, exists, func, or_, select, update
 
+from dbworker.core.limits import Rate
 from dbworker.core.status import ExecutionStatus, Phase
 from dbworker.core.transitions import Transition
 from dbworker.dialects import Claim, Dialect, ErrorInfo, Owner, WorkerTable
@@ -286,6 +287,62 @@ class ReadStateShowsPending(Dialect):
         return state
 
 
+class IgnoresKey(Dialect):
+    """An exclusive_by worker's claim ignores the key: neither the search nor the
+    claim's UPDATE (no held_key, so the unique index cannot object)."""
+
+    def claim_limited(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        eligible: Select[Any],
+        limit: int,
+        lease_seconds: float,
+        owner: Owner,
+    ) -> list[Claim]:
+        assert worker.limits is not None
+        limits = dataclasses.replace(worker.limits, exclusive_key=None)
+        unkeyed = dataclasses.replace(worker, limits=limits)
+        return super().claim_limited(conn, unkeyed, eligible, limit, lease_seconds, owner)
+
+    def _claim_values(
+        self, table: Table, lease_seconds: float, owner: Owner
+    ) -> list[tuple[ColumnElement[Any], Any]]:
+        values = super()._claim_values(table, lease_seconds, owner)
+        return [(column, value) for column, value in values if column.key != "held_key"]
+
+
+class EndingKeepsKey(Dialect):
+    """The transitions out of WORKING leave held_key set: a finished item's key stays
+    busy for ever."""
+
+    def _row_values(
+        self, transition: Transition, delay: float | None, error: ErrorInfo | None
+    ) -> dict[str, Any]:
+        values = super()._row_values(transition, delay, error)
+        return {name: value for name, value in values.items() if name != "held_key"}
+
+
+class RateWithoutWindow(Dialect):
+    """A rate limit's slots are free again at once (the window is ignored)."""
+
+    def claim_limited(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        eligible: Select[Any],
+        limit: int,
+        lease_seconds: float,
+        owner: Owner,
+    ) -> list[Claim]:
+        assert worker.limits is not None
+        rate = worker.limits.rate
+        if rate is not None:
+            limits = dataclasses.replace(worker.limits, rate=Rate(rate.count, 0.0))
+            worker = dataclasses.replace(worker, limits=limits)
+        return super().claim_limited(conn, worker, eligible, limit, lease_seconds, owner)
+
+
 # -- PostgreSQL locking --------------------------------------------------------------------
 
 
@@ -537,6 +594,23 @@ BREAKAGES: tuple[Breakage, ...] = (
     ),
     Breakage("read-state-shows-token", mixin(ReadStateShowsToken), EVERYWHERE, ("read_state",)),
     Breakage("read-state-shows-pending", mixin(ReadStateShowsPending), EVERYWHERE, ("read_state",)),
+    Breakage(
+        "ignores-key",
+        mixin(IgnoresKey),
+        EVERYWHERE,
+        ("exclusive_claims_one_per_key",),
+    ),
+    # The racing check needs two claimers at once, which SQLite's write lock forbids.
+    Breakage("ignores-key", mixin(IgnoresKey), SERVERS, ("racing_claims_of_one_key",)),
+    Breakage(
+        "ending-keeps-key", mixin(EndingKeepsKey), EVERYWHERE, ("exclusive_claims_one_per_key",)
+    ),
+    Breakage(
+        "rate-without-window",
+        mixin(RateWithoutWindow),
+        EVERYWHERE,
+        ("rate_limit_in_window", "rate_limit_per_key"),
+    ),
     Breakage("unlocked", fixed(UnlockedPostgreSQL), ("postgresql",), RACING),
     Breakage("no-skip-locked", fixed(WaitingPostgreSQL), ("postgresql",), RACING),
     Breakage("locks-source-rows", fixed(SourceLockingPostgreSQL), ("postgresql",), SOURCE_ROWS),

@@ -50,6 +50,9 @@ class Task:
     handler: Callable[..., Any]
     source: type[Any]
     retry: RetryPolicy | None = None
+    #: Whether the worker's table has ``held_key`` (``exclusive_by``), which every
+    #: ending of the invocation clears.
+    keyed: bool = False
 
     @property
     def key(self) -> TaskKey:
@@ -136,7 +139,7 @@ TaskMessage = tuple[TaskHeader, bytes]
 
 
 def task_payload(task: Task) -> bytes:
-    return pickle.dumps((task.handler, task.source, task.retry))
+    return pickle.dumps((task.handler, task.source, task.retry, task.keyed))
 
 
 def task_message(task: Task, payload: bytes) -> TaskMessage:
@@ -147,7 +150,7 @@ def task_message(task: Task, payload: bytes) -> TaskMessage:
 #: one, and unpickling it imports by name each time. Bounded, for processes that serve
 #: many workers (or workers whose payload changes when their module is reloaded).
 MAX_DECODED_PAYLOADS = 64
-_decoded: dict[bytes, tuple[Callable[..., Any], type[Any], RetryPolicy | None]] = {}
+_decoded: dict[bytes, tuple[Callable[..., Any], type[Any], RetryPolicy | None, bool]] = {}
 
 
 def task_from_message(message: TaskMessage) -> Task | Result:
@@ -161,7 +164,7 @@ def task_from_message(message: TaskMessage) -> Task | Result:
             if len(_decoded) >= MAX_DECODED_PAYLOADS:
                 _decoded.clear()
             _decoded[payload] = decoded
-        handler, source, retry = decoded
+        handler, source, retry, keyed = decoded
     except Exception as exc:
         info = describe(exc)
         return Result(
@@ -171,4 +174,4 @@ def task_from_message(message: TaskMessage) -> Task | Result:
             error_type=info.type,
             traceback=info.traceback,
         )
-    return Task(worker, source_id, token, attempt, failures, handler, source, retry)
+    return Task(worker, source_id, token, attempt, failures, handler, source, retry, keyed)

@@ -54,10 +54,11 @@ class Value(enum.Enum):
     INCREMENT = "increment"  # the field's current value plus one
     ERROR = "error"  # the error's text for the field: its message, type or traceback
     OWNER = "owner"  # the claiming coordinator's host or process id
+    KEY = "key"  # the source row's exclusive_by key, as a string (core.limits)
 
 
 NOW, LATER, NULL, ZERO = Value.NOW, Value.LATER, Value.NULL, Value.ZERO
-INCREMENT, ERROR, OWNER = Value.INCREMENT, Value.ERROR, Value.OWNER
+INCREMENT, ERROR, OWNER, KEY = Value.INCREMENT, Value.ERROR, Value.OWNER, Value.KEY
 
 #: The fields that hold an error, each set from its part of the error (``ERROR``).
 ERROR_FIELDS = ("error", "error_type", "traceback")
@@ -109,10 +110,15 @@ _CLAIMED = {
     "claimed_at": NOW,
     "owner_host": OWNER,
     "owner_pid": OWNER,
+    # Only a worker with ``exclusive_by`` has this column (a unique index over it is
+    # what keeps two records of one key from being WORKING at once); elsewhere the
+    # dialects leave it out of their statements.
+    "held_key": KEY,
 }
 _NO_ERROR = dict.fromkeys(ERROR_FIELDS, NULL)
 _WITH_ERROR = dict.fromkeys(ERROR_FIELDS, ERROR)
-_ENDED = {"lease_expires_at": NULL}
+#: Every row that leaves WORKING ends the lease and frees the key it held.
+_ENDED = {"lease_expires_at": NULL, "held_key": NULL}
 
 ROWS: Mapping[Transition, Row] = {
     row.transition: row
@@ -346,7 +352,7 @@ def apply(
             changes[name] = 0
         elif value is ERROR:
             changes[name] = error
-        else:  # NOW and OWNER: only fields the model does not hold take them
+        else:  # NOW, OWNER and KEY: only fields the model does not hold take them
             raise AssertionError(f"the model holds no {value.name} field ({name})")
     return replace(record, **changes)
 

@@ -4,7 +4,7 @@ from ..core.tasks import ErrorInfo
 from .base import Dialect
 from .interface import DialectInterface
 from .registry import ENTRY_POINT_GROUP, dialect_class, for_engine, for_url, register
-from .terms import Claim, Claims, Clock, Owner, WorkerTable
+from .terms import Claim, Claims, Clock, Limits, Owner, WorkerTable
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -14,6 +14,7 @@ __all__ = [
     "Dialect",
     "DialectInterface",
     "ErrorInfo",
+    "Limits",
     "Owner",
     "WorkerTable",
     "dialect_class",

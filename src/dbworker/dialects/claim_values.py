@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, case, null
+from sqlalchemy import ColumnElement, String, Table, bindparam, case, null
 
 from ..core.status import Phase
 from ..core.transitions import (
     INCREMENT,
+    KEY,
     LATER,
     NOW,
     NULL,
@@ -25,6 +26,9 @@ from ..core.transitions import (
     Value,
 )
 from .terms import status_literal
+
+#: The parameter a claim of an ``exclusive_by`` worker binds each record's key to.
+KEY_PARAM = "dbworker_key"
 
 
 def claim_values(
@@ -53,9 +57,15 @@ def claim_values(
             return 0
         if value is OWNER:
             return owner[0] if name == "owner_host" else owner[1]
+        if value is KEY:
+            # Per record: a claim of an exclusive_by worker runs one row per key
+            # (dialects/limited.py); any other claim of such a table fails loudly.
+            return bindparam(KEY_PARAM, type_=String())
         raise ValueError(f"a claim cannot set {name} to {value.name}")
 
-    names = list(dict.fromkeys([*takeover.sets, *claim.sets]))
+    # A field the table lacks (``held_key``, which only exclusive_by workers have) is
+    # left out: other workers' claims run exactly the statement they always ran.
+    names = [n for n in dict.fromkeys([*takeover.sets, *claim.sets]) if n in table.c]
     differing = [n for n in names if claim.sets.get(n) is not takeover.sets.get(n)]
     values: list[tuple[ColumnElement[Any], Any]] = [
         (

@@ -10,7 +10,8 @@ declared by ``supports_one_statement_claims``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
@@ -20,13 +21,17 @@ from sqlalchemy import (
     and_,
     bindparam,
     or_,
+    select,
     update,
 )
 
 from ..core.status import OPEN, Phase
 from .claim_values import claim_values
 from .interface import DialectInterface
+from .limited import claim_limited
 from .terms import Claim, Claims, Owner, WorkerTable, claim_columns, status_in, status_literal
+
+T = TypeVar("T")
 
 
 class Claiming(DialectInterface):
@@ -90,6 +95,8 @@ class Claiming(DialectInterface):
         owner: Owner,
     ) -> list[Claim]:
         """Claim up to ``limit`` eligible records: each gets a new token and a lease."""
+        if worker.limits is not None:
+            return self.claim_limited(conn, worker, eligible, limit, lease_seconds, owner)
         if limit < 1:
             return []
         locked = self.lock_candidates(conn, worker, eligible, limit)
@@ -116,6 +123,36 @@ class Claiming(DialectInterface):
             ),
             skipped,
         )
+
+    def claim_limited(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        eligible: Select[Any],
+        limit: int,
+        lease_seconds: float,
+        owner: Owner,
+    ) -> list[Claim]:
+        """``claim`` for a worker with ``exclusive_by`` or ``rate_limit`` (``limited.py``):
+        every dialect's ``claim`` sends such a worker here first."""
+        return claim_limited(self, conn, worker, eligible, limit, lease_seconds, owner)
+
+    def _lock(self, table: Table) -> Select[Any]:
+        """Lock the records ``ids`` that are still claimable, skipping locked ones
+        (SQLAlchemy drops FOR UPDATE on SQLite, whose claims hold the write lock)."""
+        return (
+            select(*claim_columns(table))
+            .where(
+                table.c.source_id.in_(bindparam("ids", expanding=True)),
+                self.claimable(table, self.now()),
+            )
+            .with_for_update(skip_locked=True)
+        )
+
+    def _planned(self, conn: Connection, run: Callable[[], T]) -> T:
+        """``run()``, whose statement is a claim's search (PostgreSQL plans it under its
+        claim's plan settings)."""
+        return run()
 
     def _claim_update(self, table: Table, lease_seconds: float, owner: Owner) -> Any:
         """The UPDATE that claims the locked records ``ids``."""

@@ -162,6 +162,9 @@ class FencedTransitions:
                 return status_literal(value)
             return bindparam(f"set_{name}", type_=column.type)
 
+        # A field the table lacks (``held_key``, only an exclusive_by worker's table
+        # has it) is left out, so other workers' statements are what they always were.
+        values = {name: value for name, value in values.items() if name in table.c}
         guard = [
             table.c.source_id == bindparam("fence_source_id"),
             status_in(table.c.status, sources(event)),

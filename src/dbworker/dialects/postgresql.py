@@ -209,6 +209,8 @@ class PostgreSQLDialect(Dialect):
         lease_seconds: float,
         owner: Owner,
     ) -> list[Claim]:
+        if worker.limits is not None:
+            return self.claim_limited(conn, worker, eligible, limit, lease_seconds, owner)
         if limit < 1:
             return []
         if not self.supports_one_statement_claims:
@@ -288,6 +290,10 @@ class PostgreSQLDialect(Dialect):
         parameters returned here."""
         row = conn.execute(_GUARD).one()
         return {f"dbworker_{name}": row[i] for i, name in enumerate(PLAN_SETTINGS)}
+
+    def _planned(self, conn: Connection, run: Callable[[], T]) -> T:
+        # A limited claim's search is planned as every claim's is (PLAN_SETTINGS).
+        return self._guarded(conn, run)
 
     def _guarded(self, conn: Connection, run: Callable[[], T]) -> T:
         """``run()``'s statements planned under PLAN_SETTINGS, restored afterwards (after

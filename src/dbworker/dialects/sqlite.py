@@ -143,6 +143,8 @@ class SQLiteDialect(Dialect):
         lease_seconds: float,
         owner: Owner,
     ) -> list[Claim]:
+        if worker.limits is not None:
+            return self.claim_limited(conn, worker, eligible, limit, lease_seconds, owner)
         direction = key_direction(eligible, worker)
         if (
             limit < 1

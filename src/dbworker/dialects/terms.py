@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Select, Table, literal_column
 
+from ..core.limits import Rate
 from ..core.status import Phase
 
 #: Claims are numbered from 1, so no fenced statement under this token matches a row.
@@ -33,6 +34,27 @@ READ_ONLY_OPTION = "dbworker_read_only"
 Clock = Callable[[], float]
 
 
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class Limits:
+    """A worker's per-key limits (issue 26), as SQL over its source table.
+
+    ``exclusive_key``: no two WORKING records of the worker with equal values (the
+    execution table's ``held_key``, under a unique index). ``rate``: at most
+    ``rate.count`` claims in any ``rate.seconds``, per value of ``rate_key`` if given.
+    A NULL key is nobody's: such rows are neither exclusive nor limited per key.
+    """
+
+    exclusive_key: ColumnElement[Any] | None = None
+    rate: Rate | None = None
+    rate_key: ColumnElement[Any] | None = None
+    #: The rate limits' slots table (``schema.rate_slots_table``), when ``rate`` is set.
+    slots: Table | None = None
+
+    @property
+    def keyed(self) -> bool:
+        return self.exclusive_key is not None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerTable:
     """What a dialect needs to know about one worker: its table and its source's key."""
@@ -45,6 +67,8 @@ class WorkerTable:
     #: Which rows of the source table are this worker's (a periodic worker's ticks in
     #: the shared ticks table); discovery, sweeps and the probe look at those alone.
     source_filter: ColumnElement[bool] | None = None
+    #: Exclusivity and rate limits; None (most workers) claims as it always did.
+    limits: Limits | None = None
 
     def own(self, query: Select[Any]) -> Select[Any]:
         """``query`` over the source table, narrowed to this worker's rows."""

@@ -73,9 +73,9 @@ class ProcessRunner:
         import the handler, configure the mappers, build the execution table, compile
         the statements (about half of a fresh process's work for a trivial handler)."""
         with contextlib.suppress(Exception):  # an invocation meets it again and reports it
-            _handler, source, _retry = pickle.loads(payload)
+            _handler, source, _retry, keyed = pickle.loads(payload)
             configure_mappers()
-            self.runtime.rehearse(worker, source, source_id)
+            self.runtime.rehearse(worker, source, source_id, keyed=keyed)
         self.runtime.dispose()
         if self._lending is not None:
             self._lending.learned()

@@ -50,9 +50,9 @@ class Runtime:
         self.config = config
         self._engine: Engine | None = None
         self._dialect: Dialect | None = None
-        self._tables: dict[tuple[str, type[Any]], WorkerTable] = {}
+        self._tables: dict[tuple[str, type[Any], bool], WorkerTable] = {}
         #: What ``rehearse`` ran with, per worker, to run again in a fresh process.
-        self.rehearsals: dict[str, tuple[type[Any], Any]] = {}
+        self.rehearsals: dict[str, tuple[type[Any], Any, bool]] = {}
         self._loaders: dict[type[Any], SourceLoader] = {}
         self._held: HeldConnections | None = None
 
@@ -100,14 +100,14 @@ class Runtime:
         assert self._dialect is not None
         return self._dialect
 
-    def prepare(self, worker: str, source: type[Any]) -> WorkerTable:
-        """The worker's execution table, built once per process."""
-        key = (worker, source)
+    def prepare(self, worker: str, source: type[Any], keyed: bool = False) -> WorkerTable:
+        """The worker's execution table, built once per process (``keyed``: with the
+        ``held_key`` of an exclusive_by worker, which its endings clear)."""
+        key = (worker, source, keyed)
         if key not in self._tables:
             pk = inspect(source).primary_key[0]
-            self._tables[key] = WorkerTable(
-                worker, detached_table(worker, pk.type), pk, monotonic_keys=False
-            )
+            table = detached_table(worker, pk.type, keyed=keyed)
+            self._tables[key] = WorkerTable(worker, table, pk, monotonic_keys=False)
         return self._tables[key]
 
     def warm_up(self) -> None:
@@ -129,7 +129,13 @@ class Runtime:
             pass
 
     def rehearse(
-        self, worker: str, source: type[Any], source_id: Any, engine: Engine | None = None
+        self,
+        worker: str,
+        source: type[Any],
+        source_id: Any,
+        engine: Engine | None = None,
+        *,
+        keyed: bool = False,
     ) -> None:
         """Run an invocation's statements under a token never issued, and roll back.
 
@@ -137,8 +143,8 @@ class Runtime:
         their compiled forms (a process forked afterwards starts with them), and the
         database session has loaded what they read.
         """
-        table = self.prepare(worker, source)
-        self.rehearsals[worker] = (source, source_id)
+        table = self.prepare(worker, source, keyed)
+        self.rehearsals[worker] = (source, source_id, keyed)
         with HandlerSession(engine or self.engine) as session:
             try:
                 self.load(session, table, source, source_id)
@@ -152,9 +158,9 @@ class Runtime:
     def rehearse_all(self, engine: Engine | None = None) -> None:
         """``rehearse`` again each worker rehearsed so far (on ``engine``, e.g. another
         connection); a failure is left for the invocation that meets it."""
-        for worker, (source, source_id) in self.rehearsals.items():
+        for worker, (source, source_id, keyed) in self.rehearsals.items():
             with contextlib.suppress(Exception):
-                self.rehearse(worker, source, source_id, engine)
+                self.rehearse(worker, source, source_id, engine, keyed=keyed)
 
     def load(
         self,
@@ -197,7 +203,7 @@ class Runtime:
         return replace(result, duration=time.monotonic() - started)
 
     def _run(self, task: Task) -> Result:
-        worker = self.prepare(task.worker, task.source)
+        worker = self.prepare(task.worker, task.source, task.keyed)
         try:
             held = self.held.take()
         except Exception as exc:

@@ -104,6 +104,8 @@ class Harness:
             sources = {Group, Item} | {SOURCES[name] for name in workers}
             tables = [ConformanceBase.metadata.tables[model.__tablename__] for model in sources]
             tables += [worker.table for worker in self.workers.values()]
+            limits = [w.limits for w in self.workers.values() if w.limits is not None]
+            tables += list({id(x.slots): x.slots for x in limits if x.slots is not None}.values())
             ConformanceBase.metadata.create_all(self.app_engine, tables=tables)
             # The maintenance actor: discovery, sweeps and reads between steps.
             self.admin = self.actor()

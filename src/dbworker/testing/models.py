@@ -15,8 +15,9 @@ from typing import Any
 from sqlalchemy import ForeignKey, Integer, Select, String, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from ..dialects import WorkerTable
-from ..schema import execution_table
+from ..core.limits import Rate
+from ..dialects import Limits, WorkerTable
+from ..schema import execution_table, rate_slots_table
 
 
 class ConformanceBase(DeclarativeBase):
@@ -100,19 +101,42 @@ ITEMS_WORKER = "conf_items"
 FIRST_WORKER = "conf_first"
 SECOND_WORKER = "conf_second"
 KEYED_WORKER = "conf_keyed"
+#: ``exclusive_by=Item.group_id``: never two WORKING items of one group.
+EXCLUSIVE_WORKER = "conf_exclusive"
+#: ``rate_limit="3/s"`` (the fake clock's seconds), and per group.
+RATED_WORKER = "conf_rated"
+RATED_BY_WORKER = "conf_rated_by"
+RATE = Rate(3, 1.0)
 SOURCES: dict[str, type[ConformanceBase]] = {
     ITEMS_WORKER: Item,
     FIRST_WORKER: Item,
     SECOND_WORKER: Item,
     KEYED_WORKER: Keyed,
+    EXCLUSIVE_WORKER: Item,
+    RATED_WORKER: Item,
+    RATED_BY_WORKER: Item,
 }
+
+
+def _limits(name: str) -> Limits | None:
+    # As ``limit_options.check_limits`` makes them from a registration's arguments.
+    group = Item.__table__.c.group_id
+    slots = rate_slots_table(ConformanceBase.metadata)
+    return {
+        EXCLUSIVE_WORKER: Limits(exclusive_key=group),
+        RATED_WORKER: Limits(rate=RATE, slots=slots),
+        RATED_BY_WORKER: Limits(rate=RATE, rate_key=group, slots=slots),
+    }.get(name)
 
 
 def _worker(name: str) -> WorkerTable:
     # As a worker's registration makes it: the execution table in the source's MetaData.
     pk = SOURCES[name].__table__.c.id
-    table = execution_table(name, pk.type, ConformanceBase.metadata)
-    return WorkerTable(name, table, pk, monotonic_keys=isinstance(pk.type, Integer))
+    limits = _limits(name)
+    keyed = limits is not None and limits.keyed
+    table = execution_table(name, pk.type, ConformanceBase.metadata, keyed=keyed)
+    monotonic = isinstance(pk.type, Integer)
+    return WorkerTable(name, table, pk, monotonic_keys=monotonic, limits=limits)
 
 
 WORKERS: dict[str, WorkerTable] = {name: _worker(name) for name in SOURCES}

@@ -50,6 +50,12 @@ from .lifecycle import (
     check_terminal_records_never_claimed,
     check_unfinish_delay,
 )
+from .limits import (
+    check_exclusive_claims_one_per_key,
+    check_racing_claims_of_one_key,
+    check_rate_limit_in_window,
+    check_rate_limit_per_key,
+)
 
 __all__ = ["CHECKS", "Check", "check_names", "run_check"]
 
@@ -87,6 +93,10 @@ CHECKS: dict[str, Check] = {
     "read_state": check_read_state,
     "cancel_open_records": check_cancel_open_records,
     "cancel_racing_finish": check_cancel_racing_finish,
+    "exclusive_claims_one_per_key": check_exclusive_claims_one_per_key,
+    "racing_claims_of_one_key": check_racing_claims_of_one_key,
+    "rate_limit_in_window": check_rate_limit_in_window,
+    "rate_limit_per_key": check_rate_limit_per_key,
 }
 
 
