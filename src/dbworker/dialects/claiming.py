@@ -137,7 +137,7 @@ class Claiming(DialectInterface):
         every dialect's ``claim`` sends such a worker here first."""
         return claim_limited(self, conn, worker, eligible, limit, lease_seconds, owner)
 
-    def _lock(self, table: Table) -> Select[Any]:
+    def _row_lock(self, table: Table) -> Select[Any]:
         """Lock the records ``ids`` that are still claimable, skipping locked ones
         (SQLAlchemy drops FOR UPDATE on SQLite, whose claims hold the write lock)."""
         return (

@@ -100,7 +100,9 @@ def claim_limited(
         picks = _within_rate(dialect, conn, worker, limits, picks)
     if not picks:
         return Claims()
-    lock = dialect._built_once(("limited lock", worker.table), lambda: dialect._lock(worker.table))
+    lock = dialect._built_once(
+        ("limited lock", worker.table), lambda: dialect._row_lock(worker.table)
+    )
     rows = conn.execute(lock, {"ids": [p.source_id for p in picks]}).all()
     locked = {row[0]: Claim(*row) for row in rows}
     skipped = len(picks) - len(locked)

@@ -175,7 +175,7 @@ class MySQLDialect(Dialect):
             while position < len(found) and len(claims) < limit:
                 chunk = found[position : position + limit - len(claims)]
                 position += len(chunk)
-                lock = self._built_once(("lock", table), lambda: self._lock(table))
+                lock = self._built_once(("lock", table), lambda: self._row_lock(table))
                 rows: list[Any] = list(conn.execute(lock, {"ids": chunk}).all())
                 locked = {row[0]: Claim(*row) for row in rows}
                 claims.extend(locked[i] for i in chunk if i in locked)
@@ -195,7 +195,7 @@ class MySQLDialect(Dialect):
 
         return build
 
-    def _lock(self, table: Table) -> Select[Any]:
+    def _row_lock(self, table: Table) -> Select[Any]:
         """Lock the records ``ids`` that are still claimable, skipping locked ones."""
         lock = (
             select(*claim_columns(table))
