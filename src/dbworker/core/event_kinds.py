@@ -34,3 +34,6 @@ class EventKind(enum.StrEnum):
     CANCELLED = "cancelled"
     #: A coordination transaction failed (the database was unreachable, a deadlock).
     DATABASE_ERROR = "database_error"
+    #: A handler blocked its event loop (the asyncio executor): ``duration`` is for how
+    #: long the other handlers on that loop could not run; no ``source_id``.
+    LOOP_LAG = "loop_lag"

@@ -43,6 +43,12 @@ class ChildConfig:
     dialect: type[Dialect] | None = None
 
 
+def worker_table(worker: str, source: type[Any]) -> WorkerTable:
+    """Worker ``worker``'s execution table, as a handler process writes to it."""
+    pk = inspect(source).primary_key[0]
+    return WorkerTable(worker, detached_table(worker, pk.type), pk, monotonic_keys=False)
+
+
 class Runtime:
     """Per-process state: one engine and dialect, reused across invocations."""
 
@@ -104,10 +110,7 @@ class Runtime:
         """The worker's execution table, built once per process."""
         key = (worker, source)
         if key not in self._tables:
-            pk = inspect(source).primary_key[0]
-            self._tables[key] = WorkerTable(
-                worker, detached_table(worker, pk.type), pk, monotonic_keys=False
-            )
+            self._tables[key] = worker_table(worker, source)
         return self._tables[key]
 
     def warm_up(self) -> None:
