@@ -181,6 +181,7 @@ class Subprocess(_Choice):
         )
 
     def check_handler(self, worker: str, handler: object, source: type[Any]) -> None:
+        check_handler_kind(self, worker, handler)
         for what, obj in (("handler", handler), ("source model", source)):
             if getattr(obj, "__module__", None) == "__main__":
                 raise ConfigurationError(
