@@ -93,6 +93,7 @@ def make_coordinator(
     concurrency: int,
     max_poll_seconds: float = 0.2,
     notifications: bool = True,
+    executor: str | None = None,
 ) -> Coordinator:
     """A coordinator of the crash worker, with its tables created, not started."""
     coordinator = Coordinator(
@@ -104,7 +105,7 @@ def make_coordinator(
         max_poll_seconds=max_poll_seconds,
         notifications=notifications,
     )
-    app.register(coordinator, concurrency)
+    app.register(coordinator, concurrency, executor)
     app.Base.metadata.tables[app.Item.__tablename__].create(engine, checkfirst=True)
     app.Base.metadata.tables[app.Effect.__tablename__].create(engine, checkfirst=True)
     coordinator.create_worker_tables()
