@@ -68,7 +68,7 @@ class MultiplexedPool(Executor):
         asyncio: bool = False,
         start_method: str | None = None,
         driver: str | None = None,
-        lag_warning: float = 0.1,
+        lag_warning: float = 0.25,
     ) -> None:
         super().__init__(slots, runner, parent_pid)
         self._context: Any = multiprocessing.get_context(start_method or default_start_method())

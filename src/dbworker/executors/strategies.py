@@ -241,7 +241,7 @@ class Threads(_Choice):
 
 
 #: The event-loop lag (seconds) reported as a handler blocking the loop.
-DEFAULT_LAG_WARNING = 0.1
+DEFAULT_LAG_WARNING = 0.25
 
 
 @dataclass(frozen=True, slots=True)
