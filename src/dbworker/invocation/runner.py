@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import configure_mappers
 
-from ..core.tasks import Result, Task
+from ..core.tasks import Result, Task, TaskKey
 from ..dialects.liveness import used_elsewhere
+from .group import run_group
 from .lending import LentConnections
 from .runtime import ChildConfig, Runtime
 
@@ -54,6 +56,13 @@ class ProcessRunner:
 
     def run(self, task: Task) -> Result:
         return self.runtime.run(task)
+
+    def run_group(
+        self, tasks: Sequence[Task], withdrawn: Callable[[TaskKey], bool]
+    ) -> list[Result]:
+        """Run the first of ``tasks`` and as many after it as one transaction takes
+        (``group.py``); their results, once committed."""
+        return run_group(self.runtime, tasks, withdrawn)
 
     def dispose(self) -> None:
         if self._runtime is not None:
