@@ -184,6 +184,7 @@ class Registration:
             self.source,
             self.retry,
             self.table.limits is not None and self.table.limits.keyed,
+            alone=self.timeout is not None,
         )
 
     # -- status, for the application -------------------------------------------------

@@ -152,8 +152,10 @@ class ProcessPool(Executor):
     def _send(self, child: Child, tasks: list[Task], groupable: bool) -> None:
         """Send ``tasks`` to ``child`` (if it is dead, collect() reports the crash)."""
         payloads = self._payloads
-        if groupable and any(task.key in self._alone for task in tasks):
-            groupable = False  # one of them crashed a group: they run alone
+        if groupable and any(task.alone or task.key in self._alone for task in tasks):
+            # One has a timeout (a group's later items have no start of their own that
+            # the pool could time), or crashed a group: they run alone.
+            groupable = False
         if groupable:
             self._grouped.update(task.key for task in tasks)
         if len(tasks) == 1 and not groupable:
