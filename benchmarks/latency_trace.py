@@ -5,6 +5,8 @@ With ``DBWORKER_BENCH_TRACE_OUT`` set, ``install()`` (called on import of
 a few of dbworker's internal steps to append a line per step to that file:
 
 * ``wake``: the scheduler was told new work may be there (a NOTIFY, a same-host datagram);
+* ``pass``: the scheduler's loop began a pass (it took the wake-ups);
+* ``discover`` and ``discovered``: discovery (and a sweep, when due) began and ended;
 * ``claim``: a claim began, and ``claimed <ids>`` when its transaction returned;
 * ``dispatch <ids>``: the executor was handed those tasks;
 * ``run <id>``: a handler process began the invocation (before loading the row).
@@ -30,6 +32,12 @@ TRACE_ENV = "DBWORKER_BENCH_TRACE_OUT"
 STAGES = (
     ("notify", "commit", "wake"),
     ("wake_to_claim", "wake", "claim"),
+    # wake_to_claim, split (when the marks are there):
+    ("wake_to_pass", "wake", "pass"),
+    ("pass_to_discover", "pass", "discover"),
+    ("discover", "discover", "discovered"),
+    ("discovered_to_claim", "discovered", "claim"),
+    ("pass_to_claim_without_discovery", "pass*", "claim"),
     ("claim", "claim", "claimed"),
     ("to_dispatch", "claimed", "dispatch"),
     ("to_process", "dispatch", "run"),
@@ -71,9 +79,24 @@ def install() -> None:
     from dbworker.dialects import mysql, postgresql, sqlite
     from dbworker.executors.pool import ProcessPool
     from dbworker.invocation.runtime import Runtime
+    from dbworker.scheduling.discovery import DiscoverySchedule
     from dbworker.scheduling.loop import Scheduler
 
     _wrap(Scheduler, "wake_workers", lambda *_: _note("wake", "-"), None)
+    _wrap(Scheduler, "_take_wakeups", lambda *_: _note("pass", "-"), None)
+    # ``discover``: in the claim's transaction; ``run`` (older trees): a transaction of its own.
+    _wrap(
+        DiscoverySchedule,
+        "discover",
+        lambda *_: _note("discover", "-"),
+        lambda *_: _note("discovered", "-"),
+    )
+    _wrap(
+        DiscoverySchedule,
+        "run",
+        lambda *_: _note("discover", "-"),
+        lambda *_: _note("discovered", "-"),
+    )
 
     def claimed(claims: Sequence[Any], *_: Any) -> None:
         _note("claimed", ",".join(str(c.source_id) for c in claims) or "-")
@@ -96,6 +119,10 @@ def breakdown(
     lines = [line.split() for line in trace.read_text().splitlines() if line.strip()]
     wakes = sorted(float(t) for kind, _, t in lines if kind == "wake")
     claim_starts = sorted(float(t) for kind, _, t in lines if kind == "claim")
+    plain = {
+        name: sorted(float(t) for kind, _, t in lines if kind == name)
+        for name in ("pass", "discover", "discovered")
+    }
     by_id: dict[str, dict[int, float]] = {"claimed": {}, "dispatch": {}, "run": {}}
     for kind, ids, at in lines:
         if kind in by_id and ids != "-":
@@ -116,6 +143,15 @@ def breakdown(
         j = bisect.bisect_left(wakes, commit)
         if j < len(wakes) and wakes[j] <= marks.get("claim", marks["claimed"]):
             marks["wake"] = wakes[j]
+        if "wake" in marks and "claim" in marks:
+            # The last of each between the wake-up and the claim.
+            for kind in ("pass", "discover", "discovered"):
+                times = plain[kind]
+                k = bisect.bisect_right(times, marks["claim"]) - 1
+                if k >= 0 and times[k] >= marks["wake"]:
+                    marks[kind] = times[k]
+            if "pass" in marks and "discover" not in marks:
+                marks["pass*"] = marks["pass"]
         for kind in ("dispatch", "run"):
             if item in by_id[kind]:
                 marks[kind] = by_id[kind][item]

@@ -184,6 +184,8 @@ class Registration:
             self.source,
             self.retry,
             self.table.limits is not None and self.table.limits.keyed,
+            # A grouped item has no start of its own for a timeout to count from.
+            alone=self.timeout is not None or not self.dialect.supports_group_commit,
         )
 
     # -- status, for the application -------------------------------------------------

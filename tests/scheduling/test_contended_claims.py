@@ -47,6 +47,12 @@ class _NoDiscovery(DiscoverySchedule):
     def run(self, *_: Any) -> None:
         pass
 
+    def sweep(self, *_: Any) -> None:
+        pass
+
+    def discover(self, *_: Any) -> Any:
+        return None
+
 
 def _scheduler(dialect: _Dialect) -> Any:
     scheduler: Any = Scheduler.__new__(Scheduler)

@@ -53,6 +53,9 @@ class Task:
     #: Whether the worker's table has ``held_key`` (``exclusive_by``), which every
     #: ending of the invocation clears.
     keyed: bool = False
+    #: Never run in a group (several items in one transaction): its worker has a
+    #: timeout, which counts from the handler's own start and stops the process.
+    alone: bool = False
 
     @property
     def key(self) -> TaskKey:

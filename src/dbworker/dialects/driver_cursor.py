@@ -164,8 +164,30 @@ def first_row(
     )
 
 
+def run_plain(conn: Connection, sql: str) -> None:
+    """Run ``sql`` (no parameters, no rows: a SAVEPOINT) on the cursor kept with
+    ``conn``'s driver connection, in its transaction; through SQLAlchemy when the
+    connection was invalidated."""
+    cursor = _execute(conn, _Plain(sql), {}, begin=False)
+    if cursor is None:
+        conn.exec_driver_sql(sql)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plain:
+    """A parameterless statement in ``_execute``'s terms."""
+
+    sql: str
+
+    def parameters(self, params: Mapping[str, Any]) -> Any:
+        return ()
+
+
 def _execute(
-    conn: Connection, statement: DriverStatement, params: Mapping[str, Any], begin: bool = True
+    conn: Connection,
+    statement: DriverStatement | _Plain,
+    params: Mapping[str, Any],
+    begin: bool = True,
 ) -> Any:
     """``statement`` executed on the cursor kept with ``conn``'s driver connection, or
     None when that connection was invalidated."""

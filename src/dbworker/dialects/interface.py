@@ -83,6 +83,10 @@ class DialectInterface(ABC):
     #: Whether the database delivers transactional notifications (NOTIFY/LISTEN), with
     #: which writers wake coordinators on other hosts (dbworker.wakeups).
     supports_notify: ClassVar[bool] = False
+    #: Whether a handler process may run consecutive short items in one transaction, a
+    #: savepoint each, with one commit (``invocation/group.py``): worth it where a
+    #: commit costs a round trip and a flush to disk.
+    supports_group_commit: ClassVar[bool] = True
     #: How many candidate rows a discovery or sweep round reads at most.
     discovery_batch: ClassVar[int] = 1000
 

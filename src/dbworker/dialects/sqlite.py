@@ -69,6 +69,9 @@ class SQLiteDialect(Dialect):
     supports_one_statement_claims: ClassVar[bool] = True
     # The handler's transaction holds the only write lock: keep the row's read out of it.
     source_read_apart: ClassVar[bool] = True
+    # A commit is cheap here (WAL, no round trip) and a group would hold the only write
+    # lock for the whole group: claims and the other processes wait (8% fewer items/s).
+    supports_group_commit: ClassVar[bool] = False
     #: ``PRAGMA synchronous`` on dbworker's own connections (FULL: sync every commit).
     synchronous: ClassVar[str] = "NORMAL"
 

@@ -25,7 +25,7 @@ from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_p
 from .base import Executor, Runner
 from .children import Child, Children, ProcessHandle, default_start_method, start_process
 from .prefetch import PrefetchPolicy, streaming
-from .process import CANCEL, READY, SKIPPED, child_main, describe_exit, send
+from .process import BATCH, CANCEL, READY, SKIPPED, child_main, describe_exit, send
 
 
 class ProcessPool(Executor):
@@ -72,6 +72,12 @@ class ProcessPool(Executor):
         #: stopped when it gets to one.
         self._cancelled: set[TaskKey] = set()
         self._payloads: dict[str, bytes] = {}
+        #: Tasks sent to a process that may run them in a group (several in one
+        #: transaction, ``executors/process.run_next``) and have not come back.
+        self._grouped: set[TaskKey] = set()
+        #: Tasks of a group whose process died: each is sent to run alone, so that a
+        #: crash is charged to the item that caused it.
+        self._alone: set[TaskKey] = set()
 
     def start(self) -> None:
         self._lifecycle.start(self.slots + self.spares)
@@ -118,27 +124,52 @@ class ProcessPool(Executor):
         return limit is None or child.completed + len(child.tasks) < limit
 
     def _dispatch(self) -> None:
-        """Send waiting tasks to processes with room in their pipes, idle ones first."""
+        """Send waiting tasks to processes with room in their pipes, idle ones first:
+        each process's share in one message."""
         if not self._waiting:
             return
         now = time.monotonic()
         pipe_depth = self._policy.pipe_depth
         ready = [c for c in self._children if self._takes_more(c, now, pipe_depth)]
+        sent: dict[int, list[Task]] = {}
         while self._waiting and ready:
             child = min(ready, key=lambda c: len(c.tasks))
             task = self._waiting.popleft()
             if not child.tasks:
                 child.started = time.monotonic()
             child.tasks.append(task)
-            # If the child is dead, collect() reports the crash for this task.
-            with contextlib.suppress(OSError, EOFError):
-                send(child.conn, task_message(task, self._payloads[task.worker]))
+            sent.setdefault(id(child), []).append(task)
             if not self._takes_more(child, now, pipe_depth):
                 ready.remove(child)
+        if not sent:
+            return
+        groupable = self._policy.groupable
+        for child in self._children:
+            tasks = sent.get(id(child))
+            if tasks:
+                self._send(child, tasks, groupable)
+
+    def _send(self, child: Child, tasks: list[Task], groupable: bool) -> None:
+        """Send ``tasks`` to ``child`` (if it is dead, collect() reports the crash)."""
+        payloads = self._payloads
+        if groupable and any(task.alone or task.key in self._alone for task in tasks):
+            # One has a timeout (a group's later items have no start of their own that
+            # the pool could time), or crashed a group: they run alone.
+            groupable = False
+        if groupable:
+            self._grouped.update(task.key for task in tasks)
+        if len(tasks) == 1 and not groupable:
+            message: Any = task_message(tasks[0], payloads[tasks[0].worker])
+        else:
+            messages = [task_message(task, payloads[task.worker]) for task in tasks]
+            message = (BATCH, messages, groupable)
+        with contextlib.suppress(OSError, EOFError):
+            send(child.conn, message)
 
     def _requeue(self, tasks: Sequence[Task]) -> None:
         """Give tasks a dead or stopped process had not started to the others, first."""
         for task in reversed(tasks):
+            self._grouped.discard(task.key)
             if task.key in self._cancelled:
                 self._cancelled.discard(task.key)
             else:
@@ -174,7 +205,7 @@ class ProcessPool(Executor):
         self._dispatch()
         return results
 
-    def _collect_child(self, index: int, results: list[Result]) -> None:
+    def _collect_child(self, index: int, results_out: list[Result]) -> None:
         child = self._children[index]
         if child.respawn_at is not None:
             if time.monotonic() >= child.respawn_at:
@@ -197,14 +228,22 @@ class ProcessPool(Executor):
                 message = child.receive()
             if message is None:
                 if not alive:
-                    self._crashed(index, results)
+                    self._crashed(index, results_out)
                 return
-            result, skipped = _unpack(message)
-            if result is not None:
-                child.tasks.popleft()
+            results, skipped = _unpack(message)
+            now = time.monotonic()
+            for result in results:
+                task = child.tasks.popleft()
                 child.completed += 1
-                results.append(result)
-                policy.measured(result.duration, time.monotonic())
+                self._grouped.discard(task.key)
+                self._alone.discard(task.key)
+                policy.measured(result.duration, now)
+                if task.key in self._cancelled:
+                    # Withdrawn while it ran inside a group: the scheduler has its
+                    # ending already (kill() reports none); its fenced writes decided.
+                    self._cancelled.discard(task.key)
+                else:
+                    results_out.append(result)
             for key in skipped:  # withdrawn before they started: no result for them
                 self._cancelled.discard(key)
                 child.tasks = collections.deque(t for t in child.tasks if t.key != key)
@@ -224,9 +263,23 @@ class ProcessPool(Executor):
         task, *rest = child.tasks
         child.tasks.clear()
         child.process.join()
-        if task.key in self._cancelled:
+        group = []
+        for member in (task, *rest):
+            if member.key not in self._grouped:
+                break
+            group.append(member)
+        self._grouped.difference_update(t.key for t in (task, *rest))
+        if len(group) > 1:
+            # It may have died in a group: none of the group committed, and which of
+            # them killed it is not known. All go to the others again, each to run
+            # alone: the one that kills its process again is then charged with it.
+            self._alone.update(member.key for member in group)
+            self._requeue([task, *rest])
+        elif task.key in self._cancelled:
             self._cancelled.discard(task.key)  # killed on purpose: no result for it
+            self._requeue(rest)
         else:
+            self._alone.discard(task.key)
             results.append(
                 Result(
                     task.key,
@@ -237,7 +290,7 @@ class ProcessPool(Executor):
                     duration=time.monotonic() - child.started,
                 )
             )
-        self._requeue(rest)
+            self._requeue(rest)
         self._lifecycle.replace(index)
 
     def _stop_child(self, index: int) -> None:
@@ -276,8 +329,9 @@ class ProcessPool(Executor):
         self._lifecycle.shutdown()
 
 
-def _unpack(message: Any) -> tuple[Result | None, Sequence[TaskKey]]:
-    """A child's message as (result, keys of withdrawn tasks it skipped)."""
+def _unpack(message: Any) -> tuple[Sequence[Result], Sequence[TaskKey]]:
+    """A child's message as (results, keys of withdrawn tasks it skipped)."""
     if isinstance(message, tuple) and message and message[0] == SKIPPED:
-        return (message[2] if len(message) > 2 else None), message[1]
-    return message, ()
+        found: Any = message[2] if len(message) > 2 else []
+        return (found if isinstance(found, list) else [found]), message[1]
+    return (message if isinstance(message, list) else [message]), ()

@@ -28,6 +28,11 @@ PREFETCH_HORIZON_SECONDS = 0.05
 #: frees first. (Shorter hiccups, a slow commit, change nothing.)
 PEAK_HALF_LIFE_SECONDS = 60.0
 LONG_INVOCATION_SECONDS = 1.0
+#: Tasks sent to a process may run as a group (several in one transaction, one
+#: COMMIT: ``invocation/group.py``) only while recent invocations typically take at
+#: most this long, and never after a long one: a group adds each item's time to the
+#: transaction of the items before it.
+GROUP_TYPICAL_SECONDS = 0.005
 #: A process with a full pipe (``pipe_depth`` tasks, at least this many) has work for
 #: a while: the coordinator reads its results in batches (waking once for several)
 #: until it is expected to be one task down, instead of waking for every result.
@@ -71,7 +76,7 @@ class PrefetchPolicy:
     Times are ``time.monotonic()`` values the caller passes in.
     """
 
-    __slots__ = ("_peak", "_peak_at", "depth", "pipe_depth", "prefetch", "typical")
+    __slots__ = ("_peak", "_peak_at", "depth", "groupable", "pipe_depth", "prefetch", "typical")
 
     def __init__(self, prefetch: int) -> None:
         #: At most this many tasks wait per process.
@@ -81,6 +86,8 @@ class PrefetchPolicy:
         #: ``depth_for(typical)``, kept: every dispatch and poll reads it.
         self.depth = 1
         self.pipe_depth = 1
+        #: Whether tasks sent now may run in a group (``GROUP_TYPICAL_SECONDS``).
+        self.groupable = False
         #: The longest recent invocation (decaying, see PEAK_HALF_LIFE_SECONDS), and
         #: when it was last raised or decayed.
         self._peak = 0.0
@@ -104,6 +111,7 @@ class PrefetchPolicy:
         self._peak, self._peak_at = max(duration, peak), now
         ran_long = self._peak >= LONG_INVOCATION_SECONDS
         self.pipe_depth = 1 if ran_long else min(PIPE_DEPTH, self.depth)
+        self.groupable = self.pipe_depth > 1 and typical <= GROUP_TYPICAL_SECONDS
 
     def room(self, child: Occupant, depth: int, now: float) -> int:
         """How many more tasks ``child`` may have."""

@@ -11,10 +11,11 @@ import pickle
 import select
 import signal
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..core.tasks import Result, TaskKey, TaskMessage, task_from_message
+from ..core.tasks import Result, Task, TaskKey, TaskMessage, task_from_message
 from .base import Runner
 
 #: How often a child checks that its coordinator is still alive.
@@ -26,7 +27,12 @@ READY = "ready"
 #: (CANCEL, task key): withdraw a task sent ahead, if it has not started.
 CANCEL = "cancel"
 #: (SKIPPED, [task keys]) or (SKIPPED, [task keys], result): withdrawn tasks skipped.
+#: ``result`` (there and alone) is a Result, or a list of a group's Results.
 SKIPPED = "skipped"
+#: (BATCH, [task messages], groupable): several tasks in one message; ``groupable``:
+#: the process may run consecutive ones of a worker in one transaction (the runner's
+#: ``run_group``), because recent invocations were short.
+BATCH = "batch"
 
 
 def send(conn: Connection, message: Any) -> None:
@@ -112,9 +118,12 @@ def serve(conn: Connection, runner: Runner) -> None:
     that has not started (``(CANCEL, key)``): before starting a task this process reads
     everything that has arrived, so a withdrawn task is skipped rather than started,
     and says which it skipped with the next result (or alone, if it has none to send).
+    Tasks that came as groupable may run as a group (``run_next``); the group's
+    results then go back in one message, after its commit.
     """
-    waiting: collections.deque[TaskMessage] = collections.deque()
+    waiting: collections.deque[tuple[TaskMessage, bool]] = collections.deque()
     cancelled: set[TaskKey] = set()
+    closing = False
     # Registered once: ``conn.poll()`` builds a selector for every look, twice an item.
     arrived = select.poll()
     arrived.register(conn.fileno(), select.POLLIN)
@@ -124,20 +133,28 @@ def serve(conn: Connection, runner: Runner) -> None:
             return False
         if message[0] == CANCEL:
             cancelled.add(message[1])
+        elif message[0] == BATCH:
+            groupable = bool(message[2])
+            waiting.extend((task, groupable) for task in message[1])
         else:
-            waiting.append(message)
+            waiting.append((message, False))
         return True
 
     def read_arrived() -> bool:
-        while arrived.poll(0):
+        nonlocal closing
+        while not closing and arrived.poll(0):
             if not read(receive(conn)):
-                return False
-        return True
+                closing = True
+        return not closing
+
+    def withdrawn(key: TaskKey) -> bool:
+        """Asked by a group before each further task: whether to stop before it."""
+        return not read_arrived() or key in cancelled
 
     def skip_withdrawn() -> list[TaskKey]:
         skipped = []
-        while waiting and message_key(waiting[0]) in cancelled:
-            key = message_key(waiting.popleft())
+        while waiting and message_key(waiting[0][0]) in cancelled:
+            key = message_key(waiting.popleft()[0])
             cancelled.discard(key)
             skipped.append(key)
         return skipped
@@ -154,7 +171,7 @@ def serve(conn: Connection, runner: Runner) -> None:
             if not read(receive(conn)):
                 return
             continue
-        result = answer(runner, waiting.popleft())
+        result = run_next(runner, waiting, withdrawn)
         if not read_arrived():
             send(conn, result)
             return
@@ -164,6 +181,40 @@ def serve(conn: Connection, runner: Runner) -> None:
         send(conn, result if not skipped else (SKIPPED, skipped, result))
         if not waiting and not read(receive(conn)):
             return
+
+
+def run_next(
+    runner: Runner,
+    waiting: collections.deque[tuple[TaskMessage, bool]],
+    withdrawn: Callable[[TaskKey], bool],
+) -> Result | list[Result]:
+    """Run the first waiting task, alone or (when it and the next ones of its worker
+    came groupable and the runner groups) as the head of a group; take what ran off
+    ``waiting`` and return its result, or the group's results."""
+    message, groupable = waiting[0]
+    run_group = getattr(runner, "run_group", None)
+    if run_group is None or not groupable or len(waiting) < 2:
+        waiting.popleft()
+        return answer(runner, message)
+    worker = message[0][0]
+    tasks: list[Task] = []
+    for candidate, candidate_groupable in waiting:
+        if not candidate_groupable or candidate[0][0] != worker:
+            break
+        task = task_from_message(candidate)
+        if isinstance(task, Result):
+            break  # its handler cannot be imported: it is answered alone
+        tasks.append(task)
+    # Half of them (at least two): the rest keep this process busy while the group's
+    # results go back and the coordinator sends the next tasks.
+    tasks = tasks[: max(2, (len(tasks) + 1) // 2)]
+    if len(tasks) < 2:
+        waiting.popleft()
+        return answer(runner, message)
+    results: list[Result] = run_group(tasks, withdrawn)
+    for _ in results:
+        waiting.popleft()
+    return results
 
 
 def message_key(message: TaskMessage) -> TaskKey:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import pickle
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -19,9 +20,10 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import configure_mappers
 
-from ..core.tasks import Result, Task
+from ..core.tasks import Result, Task, TaskKey
 from ..dialects.liveness import used_elsewhere
 from .async_runtime import AsyncRuntime, pool_options
+from .group import run_group
 from .lending import LentConnections
 from .runtime import ChildConfig, Runtime
 
@@ -70,6 +72,13 @@ class ProcessRunner:
                 self._loop = asyncio.new_event_loop()
             return self._loop.run_until_complete(self.async_runtime.run(task))
         return self.runtime.run(task)
+
+    def run_group(
+        self, tasks: Sequence[Task], withdrawn: Callable[[TaskKey], bool]
+    ) -> list[Result]:
+        """Run the first of ``tasks`` and as many after it as one transaction takes
+        (``group.py``); their results, once committed."""
+        return run_group(self.runtime, tasks, withdrawn)
 
     def dispose(self) -> None:
         if self._runtime is not None:

@@ -63,6 +63,9 @@ class Runtime:
         self.rehearsals: dict[str, tuple[type[Any], Any, bool]] = {}
         self._loaders: dict[type[Any], SourceLoader] = {}
         self._held: HeldConnections | None = None
+        #: Workers whose handlers released their transaction in a group: their items
+        #: run alone from then on (``group.py``).
+        self.alone: set[str] = set()
 
     @property
     def engine(self) -> Engine:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import Connection
+
 from ..dialects import Dialect, WorkerTable
 
 if TYPE_CHECKING:
@@ -64,6 +66,15 @@ class DiscoverySchedule:
 
     def run(self, outbox: Outbox, dialect: Dialect, table: WorkerTable, now: float) -> None:
         """Discover (and sweep, when due) in transactions of ``outbox``; raises Deferred."""
+        self.sweep(outbox, dialect, table, now)
+        found = outbox.transaction(
+            f"discovering rows of worker={table.name}",
+            lambda conn: self.discover(conn, dialect, table),
+        )
+        self.discovered(found, now)
+
+    def sweep(self, outbox: Outbox, dialect: Dialect, table: WorkerTable, now: float) -> None:
+        """The sweeps that are due, each in a transaction of ``outbox``; raises Deferred."""
         name = table.name
         if now >= self.next_full_sweep:
             outbox.transaction(
@@ -88,15 +99,18 @@ class DiscoverySchedule:
                     lambda conn: dialect.sweep(conn, table, above=above),
                 )
             self.next_sweep = now + SWEEP_EVERY_SECONDS
+
+    def discover(self, conn: Connection, dialect: Dialect, table: WorkerTable) -> Any:
+        """Add the pending records of new rows in ``conn``'s transaction (the claim's,
+        so that a wake-up's rows are discovered and claimed with one COMMIT); the new
+        watermark, for ``discovered`` once that transaction committed."""
         if not table.monotonic_keys:
-            outbox.transaction(
-                f"discovering rows of worker={name}", lambda conn: dialect.discover(conn, table)
-            )
-            return
-        watermark = outbox.transaction(
-            f"discovering rows of worker={name}",
-            lambda conn: dialect.discover_to_watermark(conn, table)[1],
-        )
+            dialect.discover(conn, table)
+            return None
+        return dialect.discover_to_watermark(conn, table)[1]
+
+    def discovered(self, watermark: Any, now: float) -> None:
+        """The transaction of ``discover`` committed, with ``watermark``."""
         if watermark is not None and (not self.watermarks or self.watermarks[-1][1] != watermark):
             self.watermarks.append((now, watermark))
 

@@ -16,12 +16,13 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 
 from ..core.timing import Timings
-from ..dialects import Claims, Dialect, Owner
+from ..dialects import Claim, Claims, Dialect, Owner
 from ..events import Event, EventKind, Events
 from ..wakeups import Wakeups
 from ..wakeups.cancels import cancelled_workers
@@ -333,19 +334,35 @@ class Scheduler:
                 return
             discovered = state.discovery.due(now)
             if discovered:
-                state.discovery.run(self.outbox, self.dialect, worker.table, now)
+                state.discovery.sweep(self.outbox, self.dialect, worker.table, now)
             free = state.executor.free_slots()
-            claims = self.outbox.transaction(
-                f"claiming for worker={worker.name}",
-                lambda conn: self.dialect.claim(
+
+            def discover_and_claim(conn: Connection) -> tuple[Any, Sequence[Claim]]:
+                # One transaction, one COMMIT: after a wake-up, discovery's own commit
+                # was most of the time from the wake-up to the claim.
+                found = (
+                    state.discovery.discover(conn, self.dialect, worker.table)
+                    if discovered
+                    else None
+                )
+                claimed = self.dialect.claim(
                     conn,
                     worker.table,
                     worker.eligible_query(),
                     free,
                     self.timings.lease_seconds,
                     self.owner,
-                ),
+                )
+                return found, claimed
+
+            found, claims = self.outbox.transaction(
+                f"discovering and claiming for worker={worker.name}"
+                if discovered
+                else f"claiming for worker={worker.name}",
+                discover_and_claim,
             )
+            if discovered:
+                state.discovery.discovered(found, now)
         except Deferred:
             state.next_poll = max(self.outbox.blocked_until, now + state.backoff.next_wait())
             return

@@ -1,0 +1,250 @@
+"""Group commit: consecutive short invocations in one transaction, one COMMIT.
+
+When several claimed items wait for a handler process and recent invocations were
+short (the pool's prefetch policy decides, ``executors/prefetch.py``), the process
+runs them one after another in one transaction on its kept connection, each in a
+SAVEPOINT of its own, and commits once:
+
+- Each item runs as on the single path (``Runtime._invoke``): load, handler, flush,
+  the fenced FINISH or UNFINISH. It all happens inside the item's savepoint, which is
+  released when the fenced transition matched and rolled back when it did not (the
+  claim was lost: ``LOST``) or when the handler raised. A raising handler's failure
+  is then recorded, fenced, in a savepoint of its own in the same transaction: the
+  handler's writes are gone, the FAIL or RETRY commits with the group.
+- Results are handed back only after the COMMIT. A process that dies mid-group
+  commits nothing of it; its items are still held under their tokens and run again
+  (the pool runs each of them alone then, so a crash is charged to the item that
+  caused it). Nothing is reported that a crash could still roll back.
+- The group stops growing after ``GROUP_SECONDS`` of work or ``GROUP_MAX_ITEMS``
+  items, so a transaction (on SQLite, the database's write lock) is never held long
+  by design; an idle process gets one item at a time and takes the single path.
+- ``session.rollback()`` is allowed to a handler and ends its transaction (the
+  single path begins a new one for what follows). Inside a group it would end every
+  earlier item's work too, and a savepoint's rollback keeps the locks the handler
+  wanted to let go of. So a grouped handler that calls it is stopped right there
+  (``_RunsAlone``), its savepoint rolled back, the group committed without it, and
+  it runs again alone; its worker's items are not grouped again in this process.
+- When the group's transaction fails as a whole (the connection dropped, MariaDB
+  rolled a deadlock's whole transaction back and the savepoint is gone, the COMMIT
+  failed), nothing of it is known to have committed: each item that ran in it runs
+  again alone on the single path, which records whatever happens then. Every fenced
+  write carries the item's token, so an item whose work did commit after all finds
+  its claim spent (``LOST``) and commits nothing twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from ..core.errors import HandlerContractError
+from ..core.outcomes import Finished, Unfinished
+from ..core.policy import Ending, decide
+from ..core.tasks import Result, ResultKind, Task, TaskKey, describe
+from ..dialects import WorkerTable
+from .savepoints import driver_savepoints, forget_kept, keep_next_savepoint
+from .session import HandlerSession
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+#: At most this many items per transaction.
+GROUP_MAX_ITEMS = 16
+#: No item is added to a group that has already run this long.
+GROUP_SECONDS = 0.02
+
+FINISHED = decide(Ending.FINISHED)
+
+
+class _RunsAlone(BaseException):
+    """Raised from a grouped handler's ``session.rollback()``. A BaseException, so
+    that a handler's ``except Exception`` does not swallow it."""
+
+
+class GroupedSession(HandlerSession):
+    """A handler's session inside a group: a SAVEPOINT of the group's transaction
+    (``join_transaction_mode="create_savepoint"``), whose rollback by the handler
+    takes the item out of the group."""
+
+    _dbworker_released = False
+
+    def rollback(self) -> None:
+        if self._dbworker_guarded:
+            self._dbworker_released = True
+            raise _RunsAlone()
+        super().rollback()
+
+
+class _GroupBroken(Exception):
+    """The group's transaction can no longer be trusted (a savepoint could not be
+    rolled back): nothing of it may commit."""
+
+
+def run_group(
+    runtime: Runtime, tasks: Sequence[Task], withdrawn: Callable[[TaskKey], bool]
+) -> list[Result]:
+    """Run ``tasks`` (one worker's, in claim order) as far as a group allows, and
+    return the results of those that ran, in order, once their transaction committed.
+
+    At least the first task runs. ``withdrawn(key)`` is asked before each later one:
+    True (the coordinator withdrew it, or wants the process back) ends the group
+    before it. Tasks left over are the caller's to run next.
+    """
+    first = tasks[0]
+    if len(tasks) < 2 or first.worker in runtime.alone:
+        return [runtime.run(first)]
+    worker = runtime.prepare(first.worker, first.source, first.keyed)
+    try:
+        driver_savepoints(runtime.engine)
+        held = runtime.held.take()
+    except Exception:
+        return [runtime.run(first)]  # the single path meets it again and reports it
+    conn = held.write
+    pending: list[Result] = []
+    started = time.monotonic()
+    ran = 0
+    try:
+        conn.begin()
+        for task in tasks[:GROUP_MAX_ITEMS]:
+            if pending and (
+                time.monotonic() - started > GROUP_SECONDS
+                or task.worker != first.worker
+                or task.worker in runtime.alone
+                or withdrawn(task.key)
+            ):
+                break
+            ran += 1
+            began = time.monotonic()
+            result = _run_item(runtime, task, worker, conn)
+            if result is None:  # it released its transaction: it runs alone, later
+                ran -= 1
+                runtime.alone.add(task.worker)
+                break
+            pending.append(replace(result, duration=time.monotonic() - began))
+        committing = time.monotonic()
+        conn.commit()
+    except Exception:
+        runtime.held.drop()  # rolled back with the connection, whatever state it is in
+        return [runtime.run(task) for task in tasks[: max(ran, 1)]]
+    except BaseException:
+        runtime.held.drop()
+        raise
+    runtime.held.done()
+    if not pending:  # the first released its transaction: the single path runs it
+        return [runtime.run(first)]
+    share = (time.monotonic() - committing) / len(pending)
+    return [replace(result, duration=result.duration + share) for result in pending]
+
+
+def _run_item(runtime: Runtime, task: Task, worker: WorkerTable, conn: Connection) -> Result | None:
+    """One item in its own savepoint of the group's transaction on ``conn``; None if
+    its handler released its transaction (nothing of it is left)."""
+    with GroupedSession(
+        bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False
+    ) as session:
+        try:
+            source = runtime.load(session, worker, task.source, task.source_id)
+            session._dbworker_guarded = True
+            if source is None:
+                raise LookupError(
+                    f"source row {task.source_id!r} of {task.source.__name__} no longer exists"
+                )
+            outcome = task.handler(source, session)
+            if session._dbworker_released:
+                raise _RunsAlone()  # it caught the first one
+            if session._dbworker_misuse is not None:
+                raise HandlerContractError(
+                    f"{session._dbworker_misuse}; dbworker owns the session's commit and cleanup"
+                )
+            if not isinstance(outcome, Finished | Unfinished):
+                raise HandlerContractError(
+                    f"handler of worker {task.worker!r} returned {outcome!r}; it must "
+                    "return Finished() or Unfinished()"
+                )
+            session.flush()
+            if isinstance(outcome, Finished):
+                decision, kind = FINISHED, ResultKind.FINISHED
+            else:
+                decision = decide(Ending.UNFINISHED, delay=outcome.delay)
+                kind = ResultKind.UNFINISHED
+            done = runtime.dialect.record(
+                session.connection(), worker, task.source_id, task.token, decision
+            )
+            session._dbworker_guarded = False
+            if not done:
+                _roll_back(session)
+                return Result(task.key, ResultKind.LOST)
+            # Its savepoint is left unreleased: it commits with the group, and a later
+            # item's rollback goes back to that item's own, newer savepoint.
+            keep_next_savepoint(conn)
+            try:
+                session.commit()
+            finally:
+                forget_kept(conn)
+            return Result(task.key, kind)
+        except _RunsAlone:
+            session._dbworker_guarded = False
+            _roll_back(session)
+            return None
+        except _GroupBroken:
+            raise
+        except Exception as exc:
+            session._dbworker_guarded = False
+            _roll_back(session)
+            return _record_failure(runtime, task, worker, conn, exc)
+
+
+def _roll_back(session: GroupedSession) -> None:
+    """Roll the item's savepoint back; if that fails, the group's transaction is gone
+    (MariaDB rolls a deadlock's whole transaction back, savepoints included)."""
+    try:
+        session.rollback()
+    except Exception as exc:
+        raise _GroupBroken() from exc
+
+
+def _record_failure(
+    runtime: Runtime, task: Task, worker: WorkerTable, conn: Connection, exc: Exception
+) -> Result:
+    """Record a grouped handler's failure as the single path does
+    (``Runtime.record_failure``), but in a savepoint of the group's transaction: a
+    transaction of its own would wait for the group's locks (on SQLite, its write
+    lock) until the group committed."""
+    info = describe(exc)
+    decision = decide(
+        Ending.RAISED,
+        failures=task.failures,
+        retry=task.retry,
+        error=exc,
+        transient=runtime.dialect.is_transient(exc),
+    )
+    retry_delay = None if decision.gives_up else decision.delay
+
+    def result(kind: ResultKind, **extra: Any) -> Result:
+        return Result(
+            task.key,
+            kind,
+            error=info.message,
+            error_type=info.type,
+            traceback=info.traceback,
+            retry_delay=retry_delay,
+            extra=extra,
+        )
+
+    savepoint = conn.begin_nested()
+    try:
+        done = runtime.dialect.record(conn, worker, task.source_id, task.token, decision, info)
+    except Exception as db_exc:  # the coordinator will record it instead
+        try:
+            savepoint.rollback()
+        except Exception as broken:
+            raise _GroupBroken() from broken
+        return result(ResultKind.UNRECORDED, recording_error=repr(db_exc))
+    savepoint.commit()
+    if not done:
+        return result(ResultKind.LOST)
+    return result(ResultKind.FAILED if decision.gives_up else ResultKind.RETRYING)
