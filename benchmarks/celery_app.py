@@ -30,11 +30,13 @@ KEYS_ENV = "DBWORKER_BENCH_CELERY_KEYS"
 CONFIGS = ("fast", "results")
 TASK = "dbworker_bench.noop"
 STAMP_TASK = "dbworker_bench.stamp"
+WAIT_TASK = "dbworker_bench.wait"
 
 
-def worker_command(queue: str, concurrency: int) -> list[str]:
-    """The ``celery worker`` command of the benchmarks: prefork, on a private queue,
-    without the cluster chatter (gossip, mingle, heartbeats) a lone worker needs not."""
+def worker_command(queue: str, concurrency: int, pool: str = "prefork") -> list[str]:
+    """The ``celery worker`` command of the benchmarks: prefork (or ``pool``), on a
+    private queue, without the cluster chatter (gossip, mingle, heartbeats) a lone
+    worker needs not."""
     return [
         sys.executable,
         "-m",
@@ -43,7 +45,7 @@ def worker_command(queue: str, concurrency: int) -> list[str]:
         "benchmarks.celery_app",
         "worker",
         "--pool",
-        "prefork",
+        pool,
         "--concurrency",
         str(concurrency),
         "--queues",
@@ -81,6 +83,11 @@ def _stamp(item_id: int, path: str) -> None:
         os.close(fd)
 
 
+def _wait(seconds: float) -> None:
+    """An I/O-bound task (``benchmarks.io``): it only waits."""
+    time.sleep(seconds)
+
+
 def make_app(config: str, keys: str = "dbw_bench") -> Any:
     if config not in CONFIGS:
         raise ValueError(f"unknown Celery configuration {config!r}; choose from {CONFIGS}")
@@ -102,6 +109,7 @@ def make_app(config: str, keys: str = "dbw_bench") -> Any:
         )
     app.task(name=TASK, shared=False)(_noop)
     app.task(name=STAMP_TASK, shared=False)(_stamp)
+    app.task(name=WAIT_TASK, shared=False)(_wait)
     return app
 
 

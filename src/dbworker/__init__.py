@@ -15,7 +15,7 @@ from .core.status import ExecutionStatus
 from .core.timing import RetryPolicy
 from .drain import DrainedItem, DrainReport
 from .events import Event, EventKind, Events
-from .executors import Inline, Pool, SpawnPerTask, Subprocess
+from .executors import AsyncIO, Inline, Pool, SpawnPerTask, Subprocess, Threads
 from .health import Health
 from .operations import (
     Backlog,
@@ -34,6 +34,7 @@ from .schema import Tick
 from .worker import Worker
 
 __all__ = [
+    "AsyncIO",
     "Backlog",
     "Cancelled",
     "ConfigurationError",
@@ -65,6 +66,7 @@ __all__ = [
     "ServedWorker",
     "SpawnPerTask",
     "Subprocess",
+    "Threads",
     "Tick",
     "Unfinished",
     "UnknownWorkerError",

@@ -23,7 +23,7 @@ from .dialects import Dialect, Owner, for_url
 from .drain import DEFAULT_MAX_INVOCATIONS, DrainReport, drain
 from .engines import coordination_engine
 from .events import Events
-from .executors import ExecutorChoice
+from .executors import ExecutorChoice, chooser
 from .executors import resolve as resolve_executor
 from .forkserver import preload_forkserver
 from .health import Health
@@ -33,11 +33,11 @@ from .logs import logger
 from .operations import Operations
 from .periodic import Tick, periodic_limits, periodic_registration
 from .preflight import (
+    check_async_driver,
     check_coordinator_arguments,
     check_driver,
     check_main_guard,
     check_stop_timeout,
-    check_sync_handler,
     resolve_sqlite_path,
 )
 from .registry import Heartbeat, Timing, log_started, start_heartbeat
@@ -190,7 +190,7 @@ class Coordinator:
         """Register the decorated function as the handler of worker ``name``. The
         function is returned unchanged, so it stays callable in unit tests (limits: api.md)."""
         check_options(self._url, name, eligible, concurrency, timeout, retry, max_crashes)
-        chosen = self._executor_choice if executor is None else resolve_executor(executor)
+        pick = chooser(self._executor_choice, executor)
         self._check_name_free(name)
         limits = (exclusive_by, rate_limit, rate_limit_by)  # checked before the decorator runs
         check_limits(source_mapper(source).primary_key[0].table, *limits)
@@ -199,11 +199,11 @@ class Coordinator:
             handler: Callable[[SourceModel, Session], OutcomeType],
         ) -> Callable[[SourceModel, Session], OutcomeType]:
             self._add(
-                chosen,
+                pick(handler),
                 handler,
                 lambda: Registration(
                     name, handler, source, eligible, concurrency, self._dialect,
-                    timeout, retry, max_crashes, chosen, None, None, *limits,
+                    timeout, retry, max_crashes, pick(handler), None, None, *limits,
                 ),
             )  # fmt: skip
             return handler
@@ -234,18 +234,18 @@ class Coordinator:
         schedule = Schedule.of(cron=cron, every=every, timezone=timezone, catch_up=catch_up)
         limits = periodic_limits(exclusive, rate_limit)
         check_options(self._url, name, None, concurrency, timeout, retry, max_crashes)
-        chosen = self._executor_choice if executor is None else resolve_executor(executor)
+        pick = chooser(self._executor_choice, executor)
         self._check_name_free(name)
 
         def register(
             handler: Callable[[Tick, Session], OutcomeType],
         ) -> Callable[[Tick, Session], OutcomeType]:
             self._add(
-                chosen,
+                pick(handler),
                 handler,
                 lambda: periodic_registration(
                     name, handler, schedule, concurrency=concurrency, dialect=self._dialect,
-                    timeout=timeout, retry=retry, max_crashes=max_crashes, executor=chosen,
+                    timeout=timeout, retry=retry, max_crashes=max_crashes, executor=pick(handler),
                     limits=limits,
                 ),
             )  # fmt: skip
@@ -268,7 +268,7 @@ class Coordinator:
     def _add(
         self, chosen: ExecutorChoice, handler: Any, registration: Callable[[], Registration]
     ) -> None:
-        check_sync_handler(handler)
+        check_async_driver(chosen, self._url)
         check_importable(handler)
         made = registration()
         chosen.check_handler(made.name, handler, made.source)

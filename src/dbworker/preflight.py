@@ -10,7 +10,7 @@ worker registered or ``start()`` called.
 from __future__ import annotations
 
 import ast
-import inspect
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping
@@ -123,12 +123,39 @@ def missing_sqlite_file(url: URL, given: URL) -> str | None:
 # -- handlers --------------------------------------------------------------------------------
 
 
-def check_sync_handler(handler: object) -> None:
-    if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
-        name = getattr(handler, "__qualname__", handler)
+def check_async_driver(executor: object, url: URL) -> None:
+    """An executor running ``async def`` handlers needs the database's asyncio driver;
+    say which package (and dbworker extra) installs it."""
+    if not getattr(executor, "runs_async", False):
+        return
+    from .invocation.async_runtime import ASYNC_DRIVERS, async_url
+
+    driver = getattr(executor, "driver", None)
+    target = async_url(url, driver)
+    try:
+        dialect = target.get_dialect(_is_async=True)
+        dialect.import_dbapi()
+        if importlib.util.find_spec("greenlet") is None:  # SQLAlchemy's asyncio runs on it
+            raise ImportError("No module named 'greenlet'")
+    except ImportError as exc:
+        default, extra = ASYNC_DRIVERS.get(url.get_backend_name(), (None, None))
+        package = driver or default or target.drivername
+        fix = f"pip install 'dbworker[{extra}]'" if extra and driver is None else "install it"
         raise ConfigurationError(
-            f"handler {name} is an async def function; handlers run in worker processes "
-            "with a synchronous Session: define it with def"
+            f"async def handlers on {url.get_backend_name()} need the asyncio driver "
+            f"{package!r} ({target.drivername}) and greenlet, which are not installed "
+            f"({exc}): {fix}"
+        ) from exc
+    except Exception as exc:  # no such dialect+driver in SQLAlchemy
+        raise ConfigurationError(
+            f"no asyncio driver {target.drivername!r} for database_url "
+            f"{url.render_as_string()} ({exc}): name one SQLAlchemy knows, e.g. "
+            'AsyncIO(driver="asyncmy") on MySQL'
+        ) from exc
+    if not getattr(dialect, "is_async", False):
+        raise ConfigurationError(
+            f"the driver {target.drivername!r} is not an asyncio driver: name one with "
+            "AsyncIO(driver=...), or leave it to the default"
         )
 
 

@@ -11,6 +11,7 @@ would need the database-wide lock that a blocked writer elsewhere might hold).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Float, Integer, String, event
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from dbworker import Coordinator, Finished, Outcome, Unfinished
@@ -135,6 +137,21 @@ def handle(source: Item, session: Session) -> Outcome:
     return Finished()
 
 
-def register(coordinator: Coordinator, concurrency: int) -> None:
+async def handle_async(source: Item, session: AsyncSession) -> Outcome:
+    """``handle`` for the asyncio executor (the modes the concurrent crash tests use)."""
+    item_id, mode, workdir = source.id, source.mode, source.workdir
+    run = announce_run(workdir, item_id)
+    if mode == GATE:
+        while not go_path(workdir, item_id, run).exists():
+            await asyncio.sleep(0.02)
+    session.add(Effect(item_id=item_id, run=run, pid=os.getpid()))
+    await session.flush()
+    return Finished()
+
+
+def register(coordinator: Coordinator, concurrency: int, executor: str | None = None) -> None:
     """Register the crash worker; used by the tests and by run_coordinator alike."""
-    coordinator.transactional_worker(name=WORKER, source=Item, concurrency=concurrency)(handle)
+    handler: Any = handle_async if executor == "asyncio" else handle
+    coordinator.transactional_worker(
+        name=WORKER, source=Item, concurrency=concurrency, executor=executor
+    )(handler)

@@ -44,9 +44,15 @@ def coordinators(engine: Engine, database_url: str) -> Iterator[CoordinatorFacto
     """Build in-process coordinators of the crash worker; all are stopped at teardown."""
     made: list[Coordinator] = []
 
-    def build(*, lease_seconds: float, concurrency: int) -> Coordinator:
+    def build(
+        *, lease_seconds: float, concurrency: int, executor: str | None = None
+    ) -> Coordinator:
         coordinator = make_coordinator(
-            engine, database_url, lease_seconds=lease_seconds, concurrency=concurrency
+            engine,
+            database_url,
+            lease_seconds=lease_seconds,
+            concurrency=concurrency,
+            executor=executor,
         )
         made.append(coordinator)
         return coordinator

@@ -94,6 +94,7 @@ def make_coordinator(
     concurrency: int,
     max_poll_seconds: float = 0.2,
     notifications: bool = True,
+    executor: str | None = None,
 ) -> Coordinator:
     """A coordinator of the crash worker, with its tables created, not started."""
     coordinator = Coordinator(
@@ -107,7 +108,7 @@ def make_coordinator(
         # Through PgBouncer, LISTEN goes to the server itself (as documented).
         listen_url=listen_url(url),
     )
-    app.register(coordinator, concurrency)
+    app.register(coordinator, concurrency, executor)
     app.Base.metadata.tables[app.Item.__tablename__].create(engine, checkfirst=True)
     app.Base.metadata.tables[app.Effect.__tablename__].create(engine, checkfirst=True)
     coordinator.create_worker_tables()

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from dbworker import (
+    AsyncIO,
     Coordinator,
     ExecutionState,
     ExecutionStatus,
@@ -23,6 +24,7 @@ from dbworker import (
     RetryPolicy,
     SpawnPerTask,
     Subprocess,
+    Threads,
 )
 from dbworker.dialects import for_url
 from dbworker.executors import ExecutorChoice
@@ -33,7 +35,7 @@ from . import app
 
 T = TypeVar("T")
 
-EXECUTORS = ("pool", "spawn", "subprocess", "inline")
+EXECUTORS = ("pool", "spawn", "subprocess", "inline", "threads")
 PROCESS_EXECUTORS = ("pool", "spawn", "subprocess")
 
 #: Far longer than any wait: an item run again within a wait was released by the
@@ -64,6 +66,10 @@ def make_choice(name: str, **options: Any) -> ExecutorChoice:
         return Subprocess(**{"env": child_env(), **options})
     if name == "inline":
         return Inline(**options)
+    if name == "threads":
+        return Threads(**options)
+    if name == "asyncio":
+        return AsyncIO(**options)
     raise AssertionError(f"unknown executor {name!r}")
 
 

@@ -38,3 +38,6 @@ class EventKind(enum.StrEnum):
     #: cluster, a certification conflict at commit) and is tried again: contention,
     #: not a failure of the database.
     CONTENTION = "contention"
+    #: A handler blocked its event loop (the asyncio executor): ``duration`` is for how
+    #: long the other handlers on that loop could not run; no ``source_id``.
+    LOOP_LAG = "loop_lag"

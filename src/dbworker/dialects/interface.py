@@ -176,6 +176,11 @@ class DialectInterface(ABC):
         """
         ping_when_idle(engine)
 
+    def configure_async_engine(self, engine: Engine) -> None:
+        """Set up the synchronous core (``AsyncEngine.sync_engine``) of an async engine
+        whose connections run ``async def`` handlers, many at once on one event loop."""
+        self.configure_engine(engine, handlers=True)
+
     def reset_session(self, conn: Connection) -> None:
         """Return the session to its state just after connecting (no transaction open).
         Needed where ``sessions_outlive_processes``."""

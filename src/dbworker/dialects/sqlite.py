@@ -195,6 +195,15 @@ class SQLiteDialect(Dialect):
         return statement, limit_key(search)
 
     def configure_engine(self, engine: Engine, handlers: bool = False) -> None:
+        self._configure(engine, handlers, turns=True)
+
+    def configure_async_engine(self, engine: Engine) -> None:
+        # No turns (a blocking file lock): the tasks of one event loop share its thread,
+        # and one waiting for its turn would stop the one holding it. SQLite's busy
+        # timeout waits in aiosqlite's thread instead.
+        self._configure(engine, handlers=True, turns=False)
+
+    def _configure(self, engine: Engine, handlers: bool, turns: bool) -> None:
         super().configure_engine(engine, handlers)
 
         @event.listens_for(engine, "do_connect")
@@ -223,7 +232,8 @@ class SQLiteDialect(Dialect):
                 cursor.close()
 
         # Registered before BEGIN IMMEDIATE below, so a connection has its turn first.
-        take_turns(engine, _file_path(engine.url), self._busy_timeout(engine), patient=handlers)
+        if turns:
+            take_turns(engine, _file_path(engine.url), self._busy_timeout(engine), patient=handlers)
 
         @event.listens_for(engine, "begin")
         def _begin(connection: Any) -> None:

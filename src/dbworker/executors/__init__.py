@@ -4,10 +4,22 @@ Executors start, watch, kill and recycle processes and move task messages; they
 import only ``core`` (what runs in the processes is the coordinator's runner).
 """
 
-from .base import Executor, Runner, TemplateRunner
-from .strategies import ExecutorChoice, Inline, Pool, SpawnPerTask, Subprocess, resolve
+from .base import ConcurrentRunner, Executor, Runner, TemplateRunner
+from .strategies import (
+    AsyncIO,
+    ExecutorChoice,
+    Inline,
+    Pool,
+    SpawnPerTask,
+    Subprocess,
+    Threads,
+    chooser,
+    resolve,
+)
 
 __all__ = [
+    "AsyncIO",
+    "ConcurrentRunner",
     "Executor",
     "ExecutorChoice",
     "Inline",
@@ -16,5 +28,7 @@ __all__ = [
     "SpawnPerTask",
     "Subprocess",
     "TemplateRunner",
+    "Threads",
+    "chooser",
     "resolve",
 ]

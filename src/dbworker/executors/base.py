@@ -32,7 +32,25 @@ class Runner(Protocol):
         """Close what the process opened (before it exits)."""
 
 
-class TemplateRunner(Runner, Protocol):
+class ConcurrentRunner(Runner, Protocol):
+    """A runner whose process runs several invocations at once: on threads (``run``
+    from each), or as tasks of one event loop (``async def`` handlers)."""
+
+    def concurrent(self, count: int) -> None:
+        """Up to ``count`` invocations will run at once in this process (before any)."""
+
+    async def start_async(self, capacity: int, driver: str | None) -> None:
+        """Before the event loop's first invocation (``driver``: the asyncio driver)."""
+
+    async def run_async(self, task: Task) -> Result:
+        """``run`` for an ``async def`` handler, on the running event loop."""
+        ...
+
+    async def dispose_async(self) -> None:
+        """Close what ``start_async`` and ``run_async`` opened."""
+
+
+class TemplateRunner(ConcurrentRunner, Protocol):
     """A runner that can also prepare a spawn-per-task template and the processes it
     forks (see ``executors.spawn``); ``lane`` values are opaque to the executor."""
 
@@ -89,6 +107,11 @@ class Executor(ABC):
         """When to call ``collect`` even if no wait handle fired (``time.monotonic()``):
         an executor may leave a result unread for a moment when nothing waits on it."""
         return None
+
+    def loop_lags(self) -> list[float]:
+        """How long (seconds) an event loop of this executor was blocked by a handler,
+        each time since the last call (the asyncio executor; others never are)."""
+        return []
 
     @abstractmethod
     def kill(self, task_key: TaskKey) -> bool:

@@ -8,15 +8,20 @@ handler process happens behind these methods.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import pickle
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import configure_mappers
 
 from ..core.tasks import Result, Task
 from ..dialects.liveness import used_elsewhere
+from .async_runtime import AsyncRuntime, pool_options
 from .lending import LentConnections
 from .runtime import ChildConfig, Runtime
 
@@ -31,6 +36,9 @@ class ProcessRunner:
         self.config = config
         self._runtime: Runtime | None = None
         self._lending: LentConnections | None = None
+        self._async: AsyncRuntime | None = None
+        #: Where ``run`` runs an ``async def`` handler (``drain()``): a loop of its own.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Only the configuration crosses to a new process; engines never do.
@@ -40,6 +48,8 @@ class ProcessRunner:
         self.config = state["config"]
         self._runtime = None
         self._lending = None
+        self._async = None
+        self._loop = None
 
     @property
     def runtime(self) -> Runtime:
@@ -53,11 +63,49 @@ class ProcessRunner:
         self.runtime.warm_up()
 
     def run(self, task: Task) -> Result:
+        if inspect.iscoroutinefunction(task.handler):
+            # An async def handler called synchronously (``drain()``): on a loop kept
+            # for such calls, where its engine's connections stay usable.
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            return self._loop.run_until_complete(self.async_runtime.run(task))
         return self.runtime.run(task)
 
     def dispose(self) -> None:
         if self._runtime is not None:
             self._runtime.dispose()
+        if self._loop is not None:
+            self._loop.run_until_complete(self.dispose_async())
+            self._loop.close()
+            self._loop = None
+
+    # -- several invocations at once in one process (threads, or an event loop) -------
+
+    def concurrent(self, count: int) -> None:
+        """This process will run up to ``count`` invocations at once: size its
+        connection pool for them (before it connects)."""
+        url = make_url(self.config.database_url)
+        options = pool_options(dict(self.config.engine_options), url, count)
+        self.config = replace(self.config, engine_options=options)
+
+    @property
+    def async_runtime(self) -> AsyncRuntime:
+        if self._async is None:
+            self._async = AsyncRuntime(self.config)
+        return self._async
+
+    async def start_async(self, capacity: int, driver: str | None) -> None:
+        """Before an event loop's first invocation: the asyncio driver to use (None:
+        the backend's default), how many invocations run at once; connect."""
+        self._async = AsyncRuntime(self.config, driver, capacity)
+        await self._async.warm_up()
+
+    async def run_async(self, task: Task) -> Result:
+        return await self.async_runtime.run(task)
+
+    async def dispose_async(self) -> None:
+        if self._async is not None:
+            await self._async.dispose()
 
     # -- a spawn-per-task template and the processes it forks ------------------------------
 

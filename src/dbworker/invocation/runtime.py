@@ -43,6 +43,14 @@ class ChildConfig:
     dialect: type[Dialect] | None = None
 
 
+def worker_table(worker: str, source: type[Any], keyed: bool = False) -> WorkerTable:
+    """Worker ``worker``'s execution table, as a handler process writes to it (``keyed``:
+    with the ``held_key`` of an exclusive_by worker, which its endings clear)."""
+    pk = inspect(source).primary_key[0]
+    table = detached_table(worker, pk.type, keyed=keyed)
+    return WorkerTable(worker, table, pk, monotonic_keys=False)
+
+
 class Runtime:
     """Per-process state: one engine and dialect, reused across invocations."""
 
@@ -105,9 +113,7 @@ class Runtime:
         ``held_key`` of an exclusive_by worker, which its endings clear)."""
         key = (worker, source, keyed)
         if key not in self._tables:
-            pk = inspect(source).primary_key[0]
-            table = detached_table(worker, pk.type, keyed=keyed)
-            self._tables[key] = WorkerTable(worker, table, pk, monotonic_keys=False)
+            self._tables[key] = worker_table(worker, source, keyed)
         return self._tables[key]
 
     def warm_up(self) -> None:

@@ -5,7 +5,8 @@ registers, per worker (label ``worker``):
 
 - counters ``dbworker_items_claimed_total``, ``..._finished_total``, ``..._unfinished_total``,
   ``..._failed_total``, ``..._retried_total``, ``..._crashed_total``, ``..._timed_out_total``,
-  ``..._lost_total``, ``..._released_total``, ``..._cancelled_total`` and
+  ``..._lost_total``, ``..._released_total``, ``..._cancelled_total``,
+  ``dbworker_loop_lags_total`` (a handler blocked the asyncio executor's loop) and
   ``dbworker_database_errors_total``
   (no ``worker`` label);
 - histograms ``dbworker_handler_duration_seconds`` (how long handlers ran) and
@@ -48,6 +49,8 @@ _COUNTED = {
     EventKind.LOST: "items_lost",
     EventKind.RELEASED: "items_released",
     EventKind.CANCELLED: "items_cancelled",
+    # Not items: a handler blocked its event loop (async def handlers), starving the others.
+    EventKind.LOOP_LAG: "loop_lags",
 }
 #: Invocations that ran a handler to its end (their duration means something).
 _RAN = frozenset({EventKind.FINISHED, EventKind.UNFINISHED, EventKind.FAILED, EventKind.RETRIED})

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine
 
 from ..core.timing import Timings
 from ..dialects import Claims, Dialect, Owner
-from ..events import Events
+from ..events import Event, EventKind, Events
 from ..wakeups import Wakeups
 from ..wakeups.cancels import cancelled_workers
 from .outbox import Deferred, Outbox, SchedulerHealth
@@ -217,6 +217,8 @@ class Scheduler:
             for result in state.executor.collect():
                 self.outcomes.handle(state, result)
                 completed.add(state.worker.name)
+            for lag in state.executor.loop_lags():
+                self.events.emit(Event(EventKind.LOOP_LAG, state.worker.name, duration=lag))
         if completed and self.wakeups is not None:
             # This coordinator's own dependents are polled at once (Outcomes.handle);
             # others serving them hear of it through the database or this host.

@@ -1,0 +1,241 @@
+"""I/O-bound work side by side: dbworker's asyncio and threads executors against Celery's
+thread pool (issue 25).
+
+The workload: ``--items`` calls (default 300) that each wait ``WAIT_SECONDS`` (0.3 s:
+``asyncio.sleep`` / ``time.sleep``), ``--concurrency`` (default 50) at once; ideally
+items / concurrency x 0.3 s (1.8 s).
+
+* dbworker (``asyncio``, ``threads``): a coordinator in a process of its own
+  (``benchmarks.io_work``) with one worker, ``executor=MODE``, whose handler waits and
+  writes one row. After a warm-up batch, the clock starts before the rows are inserted
+  (one transaction; the coordinator finds them by polling every 20 ms) and stops when
+  every call's row is committed (polled every ``--poll-ms``). Afterwards each call must
+  have exactly one row.
+* Celery ``threads``: ``celery worker --pool threads -c CONCURRENCY``, Redis as broker,
+  ``task_ignore_result``, ``task_acks_late``, ``worker_prefetch_multiplier=4``
+  (``benchmarks.celery_app``'s ``fast`` configuration), a task that sleeps. The clock
+  stops when the queue is empty and nothing awaits its acknowledgement.
+
+For each run: drain time, the number of processes in the system's tree and the PSS of
+the tree (sum of /proc/PID/smaps_rollup Pss, peak over samples every
+``--rss-interval-ms``; dbworker's tree is its coordinator process and everything under
+it). ``--repeat N`` runs everything N times, round-robin, and reports medians. Results go
+to ``benchmarks/results/io.json``.
+
+Run: ``python -m benchmarks.io --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._common import (
+    RESULTS_DIR,
+    TreeMemory,
+    add_dialects_argument,
+    log,
+    new_report,
+    scratch_database,
+    write_report,
+)
+from .io_work import WAIT_SECONDS
+from .throughput import REDIS_URL, REPOSITORY, _wait_drained, child_environment, stop_process
+
+MODES = ("asyncio", "threads")
+READY_SECONDS = 60.0
+
+
+def _count(engine: Any, sql: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.exec_driver_sql(sql).scalar() or 0)
+
+
+def tree(memory_report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each process of the tree at the peak: its command and PSS."""
+    return [
+        {"cmd": p["cmd"][:100], "pss_mib": round(p["pss_kib"] / 1024, 1)}
+        for p in memory_report["at_peak"]
+    ]
+
+
+def run_dbworker(backend: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session
+
+    from .io_work import Base, Call
+
+    with scratch_database(backend, f"io_{mode}") as url:
+        engine = sa.create_engine(url)
+        Base.metadata.create_all(engine)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.io_work", url, mode, str(args.concurrency)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_environment(),
+            cwd=REPOSITORY,
+        )
+        assert process.stdout is not None
+        memory: TreeMemory | None = None
+        try:
+            line = process.stdout.readline()
+            if not line or not json.loads(line).get("ready"):
+                raise RuntimeError(f"the dbworker process did not start ({line!r})")
+
+            def drain(first: int, count: int) -> float:
+                start = time.perf_counter()
+                with Session(engine) as session, session.begin():
+                    session.add_all(Call(id=i) for i in range(first, first + count))
+                deadline = time.monotonic() + args.timeout
+                target = first + count - 1
+                while _count(engine, "SELECT count(*) FROM io_bench_done") < target:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"dbworker {mode} on {backend} did not drain")
+                    time.sleep(args.poll_ms / 1000)
+                return time.perf_counter() - start
+
+            drain(1, args.concurrency)  # warm-up: processes started, connections open
+            memory = TreeMemory([process.pid], args.rss_interval_ms / 1000).start()
+            seconds = drain(args.concurrency + 1, args.items)
+            memory_report = memory.stop()
+            total = args.concurrency + args.items
+            rows = _count(engine, "SELECT count(*) FROM io_bench_done")
+            distinct = _count(engine, "SELECT count(DISTINCT call_id) FROM io_bench_done")
+            if rows != total or distinct != total:
+                raise AssertionError(f"{rows} rows for {distinct} of {total} calls")
+        finally:
+            if memory is not None:
+                memory.stop()
+            stop_process(process)
+            engine.dispose()
+    return {
+        "system": f"dbworker_{mode}",
+        "database": backend,
+        "seconds": round(seconds, 3),
+        "processes": memory_report["processes"],
+        "pss_mib": round(memory_report["peak_pss_kib"] / 1024, 1),
+        "rss_mib": round(memory_report["peak_rss_kib"] / 1024, 1),
+        "exactly_once": True,
+        "tree": tree(memory_report),
+    }
+
+
+def run_celery(args: argparse.Namespace) -> dict[str, Any]:
+    import redis
+    from celery import group
+
+    from . import celery_app
+
+    keys = f"dbw_io_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    app = celery_app.make_app("fast", keys)
+    task = app.tasks[celery_app.WAIT_TASK]
+    unacked = celery_app.unacked_keys(keys)["unacked_key"]
+    poll = args.poll_ms / 1000
+    worker = subprocess.Popen(
+        celery_app.worker_command(keys, args.concurrency, pool="threads"),
+        env=child_environment(**{celery_app.CONFIG_ENV: "fast", celery_app.KEYS_ENV: keys}),
+        cwd=REPOSITORY,
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis.from_url(REDIS_URL)
+    memory: TreeMemory | None = None
+    try:
+
+        def send(n: int) -> None:
+            group(task.s(WAIT_SECONDS) for _ in range(n)).apply_async(queue=keys)
+
+        send(args.concurrency)  # warm-up
+        _wait_drained(client, keys, unacked, poll, time.monotonic() + args.timeout)
+        memory = TreeMemory([worker.pid], args.rss_interval_ms / 1000).start()
+        start = time.perf_counter()
+        send(args.items)
+        end = _wait_drained(client, keys, unacked, poll, time.monotonic() + args.timeout)
+        memory_report = memory.stop()
+    finally:
+        if memory is not None:
+            memory.stop()
+        stop_process(worker)
+        app.connection_for_write().default_channel.queue_delete(keys)
+        client.delete(*celery_app.unacked_keys(keys).values())
+        client.close()
+    return {
+        "system": "celery_threads",
+        "seconds": round(end - start, 3),
+        "processes": memory_report["processes"],
+        "pss_mib": round(memory_report["peak_pss_kib"] / 1024, 1),
+        "rss_mib": round(memory_report["peak_rss_kib"] / 1024, 1),
+        "tree": tree(memory_report),
+    }
+
+
+def medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        field: round(statistics.median(r[field] for r in runs), 3)
+        for field in ("seconds", "processes", "pss_mib", "rss_mib")
+    } | {"runs": len(runs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_dialects_argument(parser)
+    parser.set_defaults(dialects=["postgresql"])
+    parser.add_argument("--modes", default=",".join(MODES), help="asyncio,threads")
+    parser.add_argument("--items", type=int, default=300)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--no-celery", dest="celery", action="store_false")
+    parser.add_argument("--poll-ms", type=float, default=10.0)
+    parser.add_argument("--rss-interval-ms", type=float, default=100.0)
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "io.json")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    report = new_report("io", argv)
+    report["workload"] = {
+        "items": args.items,
+        "wait_seconds": WAIT_SECONDS,
+        "concurrency": args.concurrency,
+        "ideal_seconds": round(args.items / args.concurrency * WAIT_SECONDS, 3),
+    }
+    systems: list[tuple[str, tuple[str, str] | None]] = [
+        (f"dbworker_{mode}_{backend}", (backend, mode))
+        for backend in args.dialects
+        for mode in modes
+    ]
+    if args.celery:
+        systems.append(("celery_threads", None))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in systems}
+    for round_ in range(args.repeat):
+        shift = round_ % len(systems)
+        for name, what in systems[shift:] + systems[:shift]:
+            log(f"round {round_ + 1}/{args.repeat}: {name}")
+            result = run_celery(args) if what is None else run_dbworker(what[0], what[1], args)
+            log(
+                f"  {result['seconds']} s, {result['processes']} processes, "
+                f"{result['pss_mib']} MiB PSS"
+            )
+            runs[name].append(result)
+    report["runs"] = runs
+    report["medians"] = {name: medians(found) for name, found in runs.items()}
+    celery = report["medians"].get("celery_threads")
+    if celery:
+        for name, found in report["medians"].items():
+            if name != "celery_threads":
+                found["seconds_vs_celery"] = round(found["seconds"] / celery["seconds"], 3)
+                found["pss_vs_celery"] = round(found["pss_mib"] / celery["pss_mib"], 3)
+    write_report(args.output, report)
+    print(json.dumps(report["medians"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

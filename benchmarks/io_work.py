@@ -1,0 +1,86 @@
+"""The dbworker side of ``benchmarks.io``: the model, the I/O-bound handlers (each waits
+``WAIT_SECONDS`` and writes one row) and the coordinator process that runs them.
+
+Run by the benchmark as ``python -m benchmarks.io_work URL MODE CONCURRENCY``: it starts
+a coordinator (``executor=MODE``: "asyncio" runs ``wait_async``, "threads" ``wait_sync``),
+prints one JSON line once its handler processes are ready, and runs until terminated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+from sqlalchemy import Integer, create_engine
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from dbworker import Coordinator, Finished, Outcome
+
+WORKER = "io_bench"
+WAIT_SECONDS = 0.3
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Call(Base):
+    __tablename__ = "io_bench_calls"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+
+
+class Done(Base):
+    """One row per committed call; no unique constraint, so duplicates would show."""
+
+    __tablename__ = "io_bench_done"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    call_id: Mapped[int] = mapped_column(Integer)
+
+
+async def wait_async(call: Call, session: AsyncSession) -> Outcome:
+    await asyncio.sleep(WAIT_SECONDS)
+    session.add(Done(call_id=call.id))
+    return Finished()
+
+
+def wait_sync(call: Call, session: Session) -> Outcome:
+    call_id = call.id
+    session.rollback()  # no transaction (on SQLite: no write lock) while it waits
+    time.sleep(WAIT_SECONDS)
+    session.add(Done(call_id=call_id))
+    return Finished()
+
+
+def serve(url: str, mode: str, concurrency: int) -> None:
+    engine = create_engine(url)
+    coordinator = Coordinator(
+        sessionmaker(engine), database_url=url, poll_seconds=0.02, max_poll_seconds=0.05
+    )
+    handler: Any = wait_async if mode == "asyncio" else wait_sync
+    coordinator.transactional_worker(
+        name=WORKER, source=Call, concurrency=concurrency, executor=mode
+    )(handler)
+    coordinator.create_worker_tables()
+    coordinator.start()
+    stopped = False
+
+    def stop(*_: Any) -> None:
+        nonlocal stopped
+        stopped = True
+
+    signal.signal(signal.SIGTERM, stop)
+    print(json.dumps({"ready": True}), flush=True)
+    while not stopped:
+        time.sleep(0.05)
+    coordinator.stop(timeout=5)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,312 @@
+"""Executors that run several handlers at once in each process: sync handlers on
+threads (``Threads``), ``async def`` handlers as tasks of one event loop (``AsyncIO``).
+
+For I/O-bound handlers (they mostly wait: HTTP calls, other services) a process per
+handler costs memory and start-up for nothing. Here a few processes (one by default)
+share the worker's ``concurrency``: each has room for its share, gets tasks over its
+pipe while it has room, and sends each result as that task ends (``multiplexed_child``).
+
+Every guarantee of the process executors holds, because the runner records each
+invocation under its token in the handler's own transaction exactly as it does there:
+
+- A process that dies takes every task in flight in it: each is reported CRASHED (the
+  coordinator releases it, to run again), and none can commit any more.
+- A task withdrawn by the coordinator (its timeout, a lost claim, a stop's deadline)
+  has its ending written by the coordinator, fenced by its token, so whatever the
+  handler commits afterwards fails its fence and rolls back. On the event loop the
+  task is cancelled (its connection discarded). A thread cannot be stopped: its slot
+  stays taken until it returns, its process gets no new tasks, and once only withdrawn
+  tasks are left in it (or, on the event loop, their cancels went unanswered for
+  ``CANCEL_GRACE_SECONDS``: a handler blocking the loop) the process is killed and
+  replaced. Nothing else in flight is ever killed with it.
+- A handler that blocks the event loop is reported (a log warning and the executor's
+  ``loop_lags``, which the scheduler turns into ``loop_lag`` events).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
+from .base import ConcurrentRunner, Executor
+from .children import Child, Children, ProcessHandle, default_start_method, start_process
+from .multiplexed_child import CANCELLED, LOOP_LAG, asyncio_main, threads_main
+from .process import CANCEL, READY, describe_exit, send
+
+log = logging.getLogger("dbworker")
+
+#: How long a cancelled task on an event loop may take to end before its process
+#: (with nothing else of value in flight) is killed.
+CANCEL_GRACE_SECONDS = 1.0
+
+
+def shares(total: int, processes: int) -> list[int]:
+    """``total`` slots split as evenly as possible over ``processes`` (at most one
+    process per slot)."""
+    count = max(1, min(processes, total))
+    return [total // count + (1 if i < total % count else 0) for i in range(count)]
+
+
+class MultiplexedPool(Executor):
+    """``processes`` processes sharing ``slots``; ``asyncio``: tasks of an event loop,
+    else threads. ``driver``: the asyncio driver (None: the backend's default);
+    ``lag_warning``: the loop lag, in seconds, that is reported."""
+
+    def __init__(
+        self,
+        slots: int,
+        runner: ConcurrentRunner,
+        parent_pid: int,
+        processes: int = 1,
+        *,
+        asyncio: bool = False,
+        start_method: str | None = None,
+        driver: str | None = None,
+        lag_warning: float = 0.25,
+    ) -> None:
+        super().__init__(slots, runner, parent_pid)
+        self._context: Any = multiprocessing.get_context(start_method or default_start_method())
+        self.asyncio = asyncio
+        self.driver = driver
+        self.lag_warning = lag_warning
+        self._shares = shares(slots, processes)
+        self._lifecycle = Children(self._launch, self._ready, lambda child: None)
+        self._children: list[Child] = self._lifecycle.members
+        #: Each child's room, by identity (children are replaced in place).
+        self._room: dict[int, int] = {}
+        self._next_share = 0
+        #: Tasks submitted while no process had room (they start as soon as one has).
+        self._waiting: list[Task] = []
+        self._started: dict[TaskKey, float] = {}
+        #: Withdrawn tasks still in a process, and when each was withdrawn: no result is
+        #: reported for them, but they hold their slots until they end.
+        self._withdrawn: dict[TaskKey, float] = {}
+        self._payloads: dict[str, bytes] = {}
+        #: Event-loop lags (seconds) reported since the scheduler last took them.
+        self._lags: list[float] = []
+
+    # -- processes ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._lifecycle.start(len(self._shares))
+
+    def _launch(self) -> tuple[ProcessHandle, Connection]:
+        share = self._shares[self._next_share % len(self._shares)]
+        self._next_share += 1
+        if self.asyncio:
+            target: Any = asyncio_main
+            args: tuple[Any, ...] = (share, self.driver, self.lag_warning)
+        else:
+            target, args = threads_main, (share,)
+        process, conn = start_process(
+            self._context, target, "dbworker-handler", self.runner, self.parent_pid, *args
+        )
+        self._room[id(conn)] = share
+        return process, conn
+
+    def _ready(self, child: Child, message: Any) -> bool:
+        return bool(message == READY)
+
+    def _room_of(self, child: Child) -> int:
+        return self._room.get(id(child.conn), 0)
+
+    def _takes_work(self, child: Child) -> bool:
+        # A process holding a withdrawn task gets nothing new: it is on its way out.
+        return child.usable and not any(t.key in self._withdrawn for t in child.tasks)
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    def free_slots(self) -> int:
+        free = sum(self._room_of(c) - len(c.tasks) for c in self._children if self._takes_work(c))
+        return max(0, free - len(self._waiting))
+
+    def submit(self, task: Task) -> None:
+        self.submit_all((task,))
+
+    def submit_all(self, tasks: Sequence[Task]) -> None:
+        for task in tasks:
+            if task.worker not in self._payloads:
+                self._payloads[task.worker] = task_payload(task)
+            self._waiting.append(task)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        for child in self._children:
+            if not self._waiting:
+                return
+            if not self._takes_work(child):
+                continue
+            while self._waiting and len(child.tasks) < self._room_of(child):
+                task = self._waiting.pop(0)
+                child.tasks.append(task)
+                self._started[task.key] = time.monotonic()
+                # If the child is dead, collect() reports the crash for this task.
+                with contextlib.suppress(OSError, EOFError):
+                    send(child.conn, task_message(task, self._payloads[task.worker]))
+
+    # -- results -----------------------------------------------------------------------
+
+    def wait_handles(self) -> Sequence[Any]:
+        handles: list[Any] = []
+        for child in self._children:
+            if child.respawn_at is not None:
+                continue
+            if child.process.sentinel is not None:
+                handles.append(child.process.sentinel)
+            handles.append(child.conn)
+        return handles
+
+    def collect_by(self) -> float | None:
+        # A withdrawn task on an event loop has until then to end (see _recycle).
+        if not self._withdrawn:
+            return None
+        return min(self._withdrawn.values()) + CANCEL_GRACE_SECONDS
+
+    def collect(self) -> list[Result]:
+        self._lifecycle.reap()
+        results: list[Result] = []
+        for index in range(len(self._children)):
+            self._collect_child(index, results)
+        self._dispatch()
+        return results
+
+    def _collect_child(self, index: int, results: list[Result]) -> None:
+        child = self._children[index]
+        if child.respawn_at is not None:
+            if time.monotonic() >= child.respawn_at:
+                self._replace(index)
+            return
+        if not child.ready:
+            self._lifecycle.check_ready(child)
+            return
+        while True:
+            message = child.receive()
+            if message is None:
+                break
+            self._read(child, message, results)
+        if not child.alive():
+            # A result sent just before the process exited is in the pipe by now.
+            while (message := child.receive()) is not None:
+                self._read(child, message, results)
+            self._crashed(index, results)
+            return
+        self._recycle(index)
+
+    def _read(self, child: Child, message: Any, results: list[Result]) -> None:
+        if isinstance(message, Result):
+            key = message.task_key
+        elif isinstance(message, tuple) and message and message[0] == CANCELLED:
+            key = message[1]
+        elif isinstance(message, tuple) and message and message[0] == LOOP_LAG:
+            self._lagged(message[1], message[2])
+            return
+        else:
+            return
+        self._end(child, key)
+        if self._withdrawn.pop(key, None) is None and isinstance(message, Result):
+            results.append(message)
+
+    def _end(self, child: Child, key: TaskKey) -> None:
+        self._started.pop(key, None)
+        for task in child.tasks:
+            if task.key == key:
+                child.tasks.remove(task)
+                break
+        child.completed += 1
+        child.last_done = time.monotonic()
+
+    def _lagged(self, seconds: float, running: int) -> None:
+        self._lags.append(seconds)
+        log.warning(
+            "dbworker: a handler blocked the event loop for %.3fs (%d handlers in flight "
+            "waited meanwhile): an async def handler must await its I/O; run blocking "
+            'calls with asyncio.to_thread, or use executor="threads"',
+            seconds,
+            running,
+        )
+
+    def loop_lags(self) -> list[float]:
+        lags, self._lags = self._lags, []
+        return lags
+
+    def _crashed(self, index: int, results: list[Result]) -> None:
+        """The process at ``index`` died: every task in flight in it crashed."""
+        child = self._children[index]
+        child.process.join()
+        now = time.monotonic()
+        for task in child.tasks:
+            started = self._started.pop(task.key, now)
+            if self._withdrawn.pop(task.key, None) is not None:
+                continue  # its ending was written when it was withdrawn
+            results.append(
+                Result(
+                    task.key,
+                    ResultKind.CRASHED,
+                    error=describe_exit(child.process.exitcode),
+                    error_type="dbworker.WorkerCrashed",
+                    exitcode=child.process.exitcode,
+                    duration=now - started,
+                )
+            )
+        child.tasks.clear()
+        self._replace(index)
+
+    def _recycle(self, index: int) -> None:
+        """Kill and replace a process in which only withdrawn tasks are left: threads
+        that cannot be stopped, or cancels the event loop has not answered in time."""
+        child = self._children[index]
+        withdrawn = [self._withdrawn.get(t.key) for t in child.tasks]
+        if not withdrawn or None in withdrawn:
+            return
+        if self.asyncio and time.monotonic() < min(w for w in withdrawn if w is not None) + (
+            CANCEL_GRACE_SECONDS
+        ):
+            return
+        child.process.kill()
+        child.process.join()
+        for task in child.tasks:
+            self._withdrawn.pop(task.key, None)
+            self._started.pop(task.key, None)
+        child.tasks.clear()
+        self._replace(index)
+
+    def _replace(self, index: int) -> None:
+        old = self._children[index]
+        share = self._room.pop(id(old.conn), self._shares[index % len(self._shares)])
+        self._next_share = index  # the successor takes the same share
+        self._lifecycle.replace(index)
+        self._room[id(self._children[index].conn)] = share
+
+    # -- withdrawing -------------------------------------------------------------------
+
+    def kill(self, task_key: TaskKey) -> bool:
+        for task in self._waiting:
+            if task.key == task_key:
+                self._waiting.remove(task)
+                return True
+        for index, child in enumerate(self._children):
+            if any(task.key == task_key for task in child.tasks):
+                if task_key in self._withdrawn:
+                    return True
+                self._withdrawn[task_key] = time.monotonic()
+                with contextlib.suppress(OSError):
+                    send(child.conn, (CANCEL, task_key))
+                if not self.asyncio:
+                    self._recycle(index)
+                return True
+        return False
+
+    def started(self, task_key: TaskKey) -> float | None:
+        if task_key in self._withdrawn:
+            return None
+        return self._started.get(task_key)
+
+    def shutdown(self) -> None:
+        self._waiting.clear()
+        self._lifecycle.shutdown()

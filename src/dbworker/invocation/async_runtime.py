@@ -1,0 +1,248 @@
+"""What runs an ``async def`` handler: one invocation on an event loop, recorded under
+its token in the handler's own transaction (the same guarantee as ``runtime.py``).
+
+The handler gets an ``AsyncSession`` on its own connection of an async engine
+(psycopg's async mode, aiosqlite, aiomysql). The fenced status change is the
+dialect's own statement, run on the session's connection through ``run_sync``, so
+the handler's writes and the status change commit together or not at all, and no
+SQL is written twice. Many invocations run at once on one loop; each has its own
+connection and transaction. Cancelling one (its timeout, a lost claim) discards its
+connection, so the server rolls its transaction back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+from ..core.errors import HandlerContractError
+from ..core.outcomes import Finished, Unfinished
+from ..core.policy import Decision, Ending, decide
+from ..core.tasks import ErrorInfo, Result, ResultKind, Task, describe
+from ..dialects import Dialect, WorkerTable, for_engine
+from ..dialects.terms import READ_ONLY_OPTION
+from .runtime import FINISHED, ChildConfig, worker_table
+from .session import HandlerSession
+
+#: The asyncio driver used for each backend unless ``AsyncIO(driver=...)`` names one,
+#: and the dbworker extra that installs it.
+ASYNC_DRIVERS = {
+    "postgresql": ("psycopg", "postgresql"),
+    "sqlite": ("aiosqlite", "async"),
+    "mysql": ("aiomysql", "async"),
+    "mariadb": ("aiomysql", "async"),
+}
+
+
+def async_url(url: str | URL, driver: str | None = None) -> URL:
+    """``url`` (a synchronous driver's) with its backend's asyncio driver."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    chosen = driver or ASYNC_DRIVERS.get(backend, (None, None))[0]
+    if chosen is None:
+        return parsed  # a third-party backend: its URL is used as it is
+    return parsed.set(drivername=f"{backend}+{chosen}")
+
+
+def pool_options(options: dict[str, Any], url: URL, capacity: int) -> dict[str, Any]:
+    """``options`` with a connection pool that holds ``capacity`` invocations at once
+    (each may use two connections: its own, and one to record its failure), unless
+    the user chose the pool."""
+    if "poolclass" in options or "pool" in options or url.database in (None, "", ":memory:"):
+        return options
+    return {"pool_size": capacity, "max_overflow": capacity, **options}
+
+
+class AsyncRuntime:
+    """Per-process state of the asyncio executor: one async engine and the dialect."""
+
+    def __init__(self, config: ChildConfig, driver: str | None = None, capacity: int = 1) -> None:
+        self.config = config
+        self.driver = driver
+        self.capacity = capacity
+        self._engine: AsyncEngine | None = None
+        self._dialect: Dialect | None = None
+        self._tables: dict[tuple[str, type[Any], bool], WorkerTable] = {}
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            url = async_url(self.config.database_url, self.driver)
+            options = pool_options(dict(self.config.engine_options), url, self.capacity)
+            engine = create_async_engine(url, **options)
+            chosen = self.config.dialect
+            dialect = chosen() if chosen is not None else for_engine(engine.sync_engine)
+            dialect.configure_async_engine(engine.sync_engine)
+            self._engine, self._dialect = engine, dialect
+        return self._engine
+
+    @property
+    def dialect(self) -> Dialect:
+        _ = self.engine
+        assert self._dialect is not None
+        return self._dialect
+
+    def prepare(self, worker: str, source: type[Any], keyed: bool = False) -> WorkerTable:
+        key = (worker, source, keyed)
+        if key not in self._tables:
+            self._tables[key] = worker_table(worker, source, keyed)
+        return self._tables[key]
+
+    async def warm_up(self) -> None:
+        """Import the driver and connect once, before the process says it is ready (a
+        failure is left for the first invocation, which reports it)."""
+        with contextlib.suppress(Exception):
+            async with self.engine.connect():
+                pass
+
+    async def dispose(self) -> None:
+        if self._engine is not None:
+            with contextlib.suppress(Exception):
+                await self._engine.dispose()
+
+    async def run(self, task: Task) -> Result:
+        started = time.monotonic()
+        result = await self._run(task)
+        return replace(result, duration=time.monotonic() - started)
+
+    async def _run(self, task: Task) -> Result:
+        worker = self.prepare(task.worker, task.source, task.keyed)
+        try:
+            conn = await self.engine.connect()
+        except Exception as exc:
+            return await self.record_failure(task, worker, exc)
+        session = AsyncSession(bind=conn, sync_session_class=HandlerSession, expire_on_commit=False)
+        handler_session = session.sync_session
+        assert isinstance(handler_session, HandlerSession)
+        try:
+            return await self._invoke(task, worker, session, handler_session)
+        except BaseException:
+            # Cancelled (a timeout, a lost claim, a stop) mid-statement, perhaps: the
+            # connection's state is unknown, so it is discarded, and the server rolls
+            # the transaction back.
+            with contextlib.suppress(Exception):
+                await conn.invalidate()
+            raise
+        finally:
+            handler_session._dbworker_guarded = False
+            with contextlib.suppress(Exception):
+                await session.close()
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _invoke(
+        self, task: Task, worker: WorkerTable, session: AsyncSession, guarded: HandlerSession
+    ) -> Result:
+        try:
+            if self.dialect.source_read_apart:
+                source = await self._load_apart(session, task)
+            else:
+                source = await session.get(task.source, task.source_id)
+            guarded._dbworker_guarded = True
+            if source is None:
+                raise LookupError(
+                    f"source row {task.source_id!r} of {task.source.__name__} no longer exists"
+                )
+            outcome = await task.handler(source, session)
+            if guarded._dbworker_misuse is not None:
+                raise HandlerContractError(
+                    f"{guarded._dbworker_misuse}; dbworker owns the session's commit and cleanup"
+                )
+            if not isinstance(outcome, Finished | Unfinished):
+                raise HandlerContractError(
+                    f"handler of worker {task.worker!r} returned {outcome!r}; it must "
+                    "return Finished() or Unfinished()"
+                )
+            await session.flush()  # the handler's writes first: their errors are its own
+            if isinstance(outcome, Finished):
+                decision, kind = FINISHED, ResultKind.FINISHED
+            else:
+                decision = decide(Ending.UNFINISHED, delay=outcome.delay)
+                kind = ResultKind.UNFINISHED
+            done = await session.run_sync(_record, self.dialect, worker, task, decision, None)
+            guarded._dbworker_guarded = False
+            if not done:
+                await session.rollback()
+                return Result(task.key, ResultKind.LOST)
+            await session.commit()
+            return Result(task.key, kind)
+        except Exception as exc:
+            guarded._dbworker_guarded = False
+            with contextlib.suppress(Exception):
+                await session.rollback()
+            return await self.record_failure(task, worker, exc)
+
+    async def _load_apart(self, session: AsyncSession, task: Task) -> Any:
+        """The source row read on a connection of its own, outside the handler's
+        transaction (``Dialect.source_read_apart``: on SQLite that transaction holds the
+        database's write lock, which must not be taken for the handler's waits), then
+        placed in ``session`` as ``session.get`` would have loaded it."""
+        async with self.engine.connect() as read:
+            await read.execution_options(**{READ_ONLY_OPTION: True})
+            async with AsyncSession(bind=read, expire_on_commit=False) as reading:
+                # Closing (not rolling back) ends the read and leaves the row loaded.
+                found = await reading.get(task.source, task.source_id)
+        return None if found is None else await session.merge(found, load=False)
+
+    async def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:
+        info = describe(exc)
+        decision = decide(
+            Ending.RAISED,
+            failures=task.failures,
+            retry=task.retry,
+            error=exc,
+            transient=self.dialect.is_transient(exc),
+        )
+        retry_delay = None if decision.gives_up else decision.delay
+
+        def result(kind: ResultKind, **extra: Any) -> Result:
+            return Result(
+                task.key,
+                kind,
+                error=info.message,
+                error_type=info.type,
+                traceback=info.traceback,
+                retry_delay=retry_delay,
+                extra=extra,
+            )
+
+        try:
+            async with self.engine.begin() as conn:
+                done = await conn.run_sync(_record_on, self.dialect, worker, task, decision, info)
+        except asyncio.CancelledError:
+            raise
+        except Exception as db_exc:  # the coordinator will record it instead
+            return result(ResultKind.UNRECORDED, recording_error=repr(db_exc))
+        if not done:
+            return result(ResultKind.LOST)
+        return result(ResultKind.FAILED if decision.gives_up else ResultKind.RETRYING)
+
+
+def _record(
+    session: Session,
+    dialect: Dialect,
+    worker: WorkerTable,
+    task: Task,
+    decision: Decision,
+    info: ErrorInfo | None,
+) -> bool:
+    """The dialect's fenced ending, on the session's connection (inside ``run_sync``)."""
+    return dialect.record(session.connection(), worker, task.source_id, task.token, decision, info)
+
+
+def _record_on(
+    conn: Any,
+    dialect: Dialect,
+    worker: WorkerTable,
+    task: Task,
+    decision: Decision,
+    info: ErrorInfo | None,
+) -> bool:
+    return dialect.record(conn, worker, task.source_id, task.token, decision, info)
