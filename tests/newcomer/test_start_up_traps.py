@@ -78,13 +78,14 @@ def test_guarded_start_in_the_main_script_works(tmp_path: Path) -> None:
     [
         pytest.param(
             """
-            @coordinator.transactional_worker(name="later", source=Item)
+            @coordinator.transactional_worker(name="later", source=Item, executor="pool")
             async def later(item: Item, session: Session) -> Finished:
                 return Finished()
             """,
-            "handler later is an async def function; handlers run in worker processes "
-            "with a synchronous Session: define it with def",
-            id="async-def-handler",
+            "the handler later of worker 'later' is an async def function, which the Pool "
+            "executor cannot run (it calls handlers with a Session): "
+            'use executor="asyncio" (or dbworker.AsyncIO(...)), or define it with def',
+            id="async-def-handler-on-a-process-pool",
         ),
         pytest.param(
             """
