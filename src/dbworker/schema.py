@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
+from .core.limits import HELD_KEY_LENGTH
 from .core.names import table_name
 from .core.schedules import from_microseconds
 from .core.status import OPEN
@@ -66,7 +67,6 @@ def _columns(source_id_type: TypeEngine[Any]) -> list[Column[Any]]:
 
 #: The key an ``exclusive_by`` worker's WORKING record holds (NULL otherwise), as text.
 HELD_KEY = "held_key"
-HELD_KEY_LENGTH = 255
 
 
 def held_key_index_name(worker: str) -> str:

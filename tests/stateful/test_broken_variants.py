@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from dbworker.dialects import dialect_class
 from dbworker.testing.stateful import ModelMismatch, run_machine
+from dialects.broken import EndingKeepsKey, IgnoresKey
 
 from .broken import (
     CancelLeavesUndiscovered,
@@ -55,6 +56,10 @@ CASES: list[tuple[str, type]] = [
             CancelLeavesUndiscovered,
             ClaimsCancelled,
             DoubledTick,
+            # Issue 26: a keyed worker's claim that ignores the key (two WORKING records
+            # of one key), and endings that keep it (a finished item's key stays busy).
+            IgnoresKey,
+            EndingKeepsKey,
         )
         for backend in ("sqlite", "postgresql", "mysql")
     ],

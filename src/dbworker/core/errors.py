@@ -49,3 +49,9 @@ class Cancelled(DBWorkerError):
 class HelperProcessError(DBWorkerError):
     """A process dbworker needs to start its handler processes (multiprocessing's fork
     server) kept dying: the service cannot run handlers. One line, for a supervisor."""
+
+
+class ClaimContention(DBWorkerError):
+    """A claim lost a race to a concurrent claim (two took the same free key of an
+    ``exclusive_by`` worker at once) where the database lost the transaction with it:
+    nothing was claimed, and claiming again in a moment is the remedy."""

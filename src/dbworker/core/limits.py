@@ -21,6 +21,10 @@ from .errors import ConfigurationError
 #: Window lengths by unit.
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+#: The length of the columns that store keys (``held_key``, the rate slots' key).
+HELD_KEY_LENGTH = 255
+#: What starts a key too long for them, stored as a digest: 71 characters in all.
+KEY_DIGEST_PREFIX = "sha256:"
 #: More slots than this per key would make every claim read a large slot set.
 MAX_RATE_COUNT = 10_000
 

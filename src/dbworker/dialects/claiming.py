@@ -10,8 +10,7 @@ declared by ``supports_one_statement_claims``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     ColumnElement,
@@ -31,12 +30,14 @@ from .interface import DialectInterface
 from .limited import claim_limited
 from .terms import Claim, Claims, Owner, WorkerTable, claim_columns, status_in, status_literal
 
-T = TypeVar("T")
-
 
 class Claiming(DialectInterface):
     """The claim of a batch: ``claimable`` guards it, ``candidates`` searches,
     ``lock_candidates`` locks, ``claim`` updates."""
+
+    #: Whether a statement that fails (a unique violation) leaves the transaction
+    #: usable, the statement alone rolled back (MySQL), rather than lost (PostgreSQL).
+    failed_statement_keeps_transaction: ClassVar[bool] = False
 
     def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         """SQL for ``core.transitions.Record.claimable``: CLAIM or TAKEOVER is legal now."""
@@ -149,10 +150,27 @@ class Claiming(DialectInterface):
             .with_for_update(skip_locked=True)
         )
 
-    def _planned(self, conn: Connection, run: Callable[[], T]) -> T:
-        """``run()``, whose statement is a claim's search (PostgreSQL plans it under its
-        claim's plan settings)."""
-        return run()
+    def _plan_search(self, search: Select[Any]) -> Select[Any]:
+        """A limited claim's search as it runs (PostgreSQL plans it under its claim's
+        plan settings, restored by the statement itself)."""
+        return search
+
+    def _plan_params(self, conn: Connection) -> dict[str, Any]:
+        """Parameters ``_plan_search``'s statement needs, read just before it runs."""
+        return {}
+
+    def key_guard(self, worker: str, key: ColumnElement[str]) -> ColumnElement[bool] | None:
+        """SQL the row lock of an ``exclusive_by`` claim adds, true for a row whose
+        ``key`` no concurrent claim is about to take (None: no such guard; the claim
+        meets such a race at the unique index)."""
+        return None
+
+    def stored_key(self, key: ColumnElement[str]) -> ColumnElement[str]:
+        """SQL: how a key's text is stored in ``held_key`` and the rate slots (their
+        ``HELD_KEY_LENGTH`` columns). This version stores it whole: SQLite, which uses
+        it, does not enforce VARCHAR lengths. A database that does stores a longer key
+        as a fixed-length digest (``KEY_DIGEST_PREFIX`` + 64 hex digits of its SHA-256)."""
+        return key
 
     def _claim_update(self, table: Table, lease_seconds: float, owner: Owner) -> Any:
         """The UPDATE that claims the locked records ``ids``."""

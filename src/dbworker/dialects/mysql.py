@@ -13,6 +13,7 @@ from sqlalchemy import (
     Select,
     Table,
     bindparam,
+    case,
     func,
     literal_column,
     select,
@@ -24,6 +25,7 @@ from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
 
+from ..core.limits import HELD_KEY_LENGTH, KEY_DIGEST_PREFIX
 from ..core.status import Phase
 from .base import Dialect
 from .open_first import (
@@ -53,6 +55,8 @@ def _mysql_code(error: BaseException) -> object:
 class MySQLDialect(Dialect):
     backend_names: ClassVar[tuple[str, ...]] = ("mysql", "mariadb")
     default_port: ClassVar[int | None] = 3306
+    # A failed statement is rolled back alone; the transaction goes on.
+    failed_statement_keeps_transaction: ClassVar[bool] = True
     #: How many unlocked-search rounds a claim makes before settling for fewer rows.
     search_rounds: ClassVar[int] = 4
 
@@ -212,6 +216,12 @@ class MySQLDialect(Dialect):
         for backend in self.backend_names:
             lock = lock.with_hint(table, "FORCE INDEX (PRIMARY)", dialect_name=backend)
         return lock
+
+    def stored_key(self, key: ColumnElement[str]) -> ColumnElement[str]:
+        # Strict mode refuses a value longer than VARCHAR(n) (CHAR_LENGTH counts
+        # characters; LENGTH counts bytes): a key too long is stored as its SHA-256.
+        digest = func.concat(KEY_DIGEST_PREFIX, func.sha2(key, 256))
+        return case((func.char_length(key) > HELD_KEY_LENGTH, digest), else_=key)
 
     def is_contention(self, error: BaseException) -> bool:
         # 1213: an InnoDB deadlock, and on Galera a certification conflict: a write set

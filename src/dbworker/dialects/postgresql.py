@@ -13,10 +13,13 @@ from sqlalchemy import (
     Float,
     Select,
     Table,
+    case,
     cast,
     extract,
     func,
+    literal,
     literal_column,
+    or_,
     select,
     text,
     true,
@@ -25,6 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
+from ..core.limits import HELD_KEY_LENGTH, KEY_DIGEST_PREFIX
 from .base import Dialect
 from .open_first import (
     apply_modifiers,
@@ -291,9 +295,30 @@ class PostgreSQLDialect(Dialect):
         row = conn.execute(_GUARD).one()
         return {f"dbworker_{name}": row[i] for i, name in enumerate(PLAN_SETTINGS)}
 
-    def _planned(self, conn: Connection, run: Callable[[], T]) -> T:
-        # A limited claim's search is planned as every claim's is (PLAN_SETTINGS).
-        return self._guarded(conn, run)
+    def _plan_search(self, search: Select[Any]) -> Select[Any]:
+        # A limited claim's search is planned as every claim's is (PLAN_SETTINGS), and
+        # restores them itself, as the one-statement claim does.
+        return search.where(_RESTORE)
+
+    def _plan_params(self, conn: Connection) -> dict[str, Any]:
+        return self._guard(conn)
+
+    def key_guard(self, worker: str, key: ColumnElement[str]) -> ColumnElement[bool] | None:
+        # A second claim of one free key would fail on held_key's unique index (after
+        # waiting for the first), and a failed statement aborts the whole transaction
+        # here: a transaction-level advisory lock on the key, tried without waiting as
+        # the rows are locked, makes the second skip the key instead.
+        lock = func.pg_try_advisory_xact_lock(func.hashtext(literal(worker)), func.hashtext(key))
+        return or_(key.is_(None), lock)
+
+    def stored_key(self, key: ColumnElement[str]) -> ColumnElement[str]:
+        # VARCHAR(n) refuses a longer value: a key too long for held_key is stored as
+        # its SHA-256 (sha256() takes bytea, hence convert_to; hex makes it text).
+        digest = func.encode(func.sha256(func.convert_to(key, literal("UTF8"))), literal("hex"))
+        return case(
+            (func.char_length(key) > HELD_KEY_LENGTH, literal(KEY_DIGEST_PREFIX) + digest),
+            else_=key,
+        )
 
     def _guarded(self, conn: Connection, run: Callable[[], T]) -> T:
         """``run()``'s statements planned under PLAN_SETTINGS, restored afterwards (after

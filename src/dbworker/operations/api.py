@@ -23,11 +23,13 @@ from ..tables import WorkerTables
 from ..worker import RegisteredWorkers, Registration, Worker
 from .figures import backlog_of, read_backlog
 from .item import read_item
+from .limits import read_limits
 from .live import running_and_held
 from .results import (
     Backlog,
     FailedRecord,
     ItemRecord,
+    LimitFigures,
     LiveGauges,
     RegisteredCoordinator,
     ServedWorker,
@@ -153,6 +155,17 @@ class Operations:
         registry = None if live else self._tables.registry()
         with self._reading() as conn:
             return read_backlog(conn, self._dialect, chosen, registry, self._registry_timing())
+
+    def limits(self, workers: str | Iterable[str] | None = None) -> dict[str, LimitFigures]:
+        """The limits of each named worker (default: all) that has ``exclusive_by`` or
+        ``rate_limit``, with the items they hold back, counted now (one query per
+        figure; none at all when no worker is limited)."""
+        chosen = [w for w in self._chosen(workers) if w.table.limits is not None]
+        if not chosen:
+            return {}
+        self._tables.require(chosen)
+        with self._reading() as conn:
+            return read_limits(conn, self._dialect, chosen)
 
     def failed_items(
         self, worker: str, limit: int | None = None, *, tracebacks: bool = False

@@ -147,3 +147,29 @@ class LiveGauges:
     backlog: Mapping[str, Backlog]
     #: Seconds since that count (None: none yet).
     backlog_age: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LimitFigures:
+    """One limited worker's limits (issue 26) and what they hold back now
+    (``Operations.limits``; an item both key-busy and rate-limited counts in both)."""
+
+    worker: str
+    #: The ``exclusive_by`` key expression's SQL text (``"jobs.customer"``), or None.
+    exclusive_by: str | None
+    #: The rate (``"5/s"``), and the ``rate_limit_by`` key expression's text, or None.
+    rate_limit: str | None
+    rate_limit_by: str | None
+    #: Items waiting (eligible now, not claimed) whose exclusive key a WORKING record
+    #: holds: they wait for it to end. None without ``exclusive_by``, or without the
+    #: source table.
+    key_busy: int | None
+    #: Rate slots used in the current window (summed over keys with ``rate_limit_by``),
+    #: and the slots each key has per window (N); None without ``rate_limit``.
+    rate_slots_used: int | None
+    rate_slots: int | None
+    #: Items waiting whose key has used all its slots this window: rate-limited until
+    #: a slot's window passes. None without ``rate_limit``, or without the source table.
+    rate_limited: int | None
+    #: When counted (epoch seconds, the database's clock).
+    measured_at: float

@@ -16,7 +16,13 @@ registers, per worker (label ``worker``):
   including items claimed ahead), and from the coordinators' cached count
   (``dbworker.registry``) ``dbworker_backlog`` (eligible and not claimed) and
   ``dbworker_backlog_oldest_seconds``, with ``dbworker_backlog_age_seconds`` saying how
-  old that count is.
+  old that count is;
+- for workers with limits (``exclusive_by``, ``rate_limit``), counted in SQL at scrape
+  time (``Operations.limits``; no query when no worker has limits):
+  ``dbworker_items_key_busy`` (waiting items whose key a working item holds),
+  ``dbworker_rate_slots_used`` (rate slots used in the current window) and
+  ``dbworker_items_rate_limited`` (waiting items whose key used all its slots). A
+  scrape while the database cannot answer leaves them out.
 
 Per item the listener increments a counter and observes a histogram: no SQL, no lock
 beyond the client library's own. Serve the registry with ``serve(port)`` (``dbworker run
@@ -28,7 +34,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import ConfigurationError
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..core.errors import ConfigurationError, DBWorkerError
 from ..events import Event, EventKind
 
 if TYPE_CHECKING:
@@ -188,6 +196,7 @@ class _Gauges:
             free.add_metric([name], load.free)
             held.add_metric([name], load.held)
         yield from (slots, running, free, held)
+        yield from self._limits()
         if live.backlog_age is None:
             return
         backlog = gauge("dbworker_backlog", "Items eligible and not claimed", labels=["worker"])
@@ -202,3 +211,34 @@ class _Gauges:
         age = gauge("dbworker_backlog_age_seconds", "How old the backlog count is")
         age.add_metric([], live.backlog_age)
         yield from (backlog, oldest, age)
+
+    def _limits(self) -> Iterator[Any]:
+        """The limited workers' gauges, counted now (nothing if none is limited)."""
+        try:
+            found = self.coordinator.operations.limits()
+        except (DBWorkerError, SQLAlchemyError):
+            return  # the database is down or not set up: the scrape goes on without them
+        if not found:
+            return
+        gauge = self.families
+        busy = gauge(
+            "dbworker_items_key_busy",
+            "Waiting items whose exclusive key a working item holds",
+            labels=["worker"],
+        )
+        used = gauge(
+            "dbworker_rate_slots_used", "Rate slots used in the current window", labels=["worker"]
+        )
+        limited = gauge(
+            "dbworker_items_rate_limited",
+            "Waiting items whose rate limit's slots are all used this window",
+            labels=["worker"],
+        )
+        for name, figures in found.items():
+            if figures.key_busy is not None:
+                busy.add_metric([name], figures.key_busy)
+            if figures.rate_slots_used is not None:
+                used.add_metric([name], figures.rate_slots_used)
+            if figures.rate_limited is not None:
+                limited.add_metric([name], figures.rate_limited)
+        yield from (busy, used, limited)

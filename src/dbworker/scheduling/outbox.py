@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from ..core.errors import ClaimContention
 from ..dialects import Dialect
 from ..dialects.base import READ_ONLY_OPTION
 from ..events import Event, EventKind, Events
@@ -103,7 +104,7 @@ class Outbox:
         return result
 
     def _error(self, description: str, exc: Exception, extra: dict[str, Any] | None) -> None:
-        if self.dialect.is_contention(exc):
+        if isinstance(exc, ClaimContention) or self.dialect.is_contention(exc):
             self._contention(description, exc, extra)
             return
         transient = self.dialect.is_transient(exc)

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from ...coordinator import Coordinator
-from ...operations import Backlog, RegisteredCoordinator
+from ...operations import Backlog, LimitFigures, RegisteredCoordinator
 from ..display import STATUS_COLUMNS, duration_text, status_name
 from .loading import EXIT_OK, UsageError
 from .output import as_json, table
@@ -23,8 +23,24 @@ _BACKLOG_FIELDS = ("waiting", "oldest_waiting_seconds", "running", "finished_las
 def _status_report(coordinator: Coordinator, args: argparse.Namespace) -> dict[str, Any]:
     operations = coordinator.operations
     workers = operations.check_tables(args.worker)
-    figures = operations.backlog([w.name for w in workers], live=args.live)
-    return {name: _status_fields(item) for name, item in figures.items()}
+    names = [w.name for w in workers]
+    figures = operations.backlog(names, live=args.live)
+    limits = operations.limits(names)  # counted now: only limited workers cost a query
+    # "limits" only for workers that have some: an unlimited worker's report is as before.
+    return {
+        name: {
+            **_status_fields(item),
+            **({"limits": _limit_fields(limits[name])} if name in limits else {}),
+        }
+        for name, item in figures.items()
+    }
+
+
+def _limit_fields(item: LimitFigures) -> dict[str, Any]:
+    """A limited worker's limits and what they hold back."""
+    fields = dataclasses.asdict(item)
+    del fields["worker"], fields["measured_at"]
+    return fields
 
 
 def _status_fields(item: Backlog) -> dict[str, Any]:
@@ -64,7 +80,44 @@ def _render_status(report: dict[str, Any]) -> str:
         )
     else:
         note = "counted now; waiting: eligible now and not claimed"
-    return table(headers, rows) + "\n" + note
+    return table(headers, rows) + "\n" + note + _render_limits(report)
+
+
+def _render_limits(report: dict[str, Any]) -> str:
+    """The limited workers' limits, and the waiting items they hold back, counted now."""
+    limited = {name: item["limits"] for name, item in report.items() if "limits" in item}
+    if not limited:
+        return ""
+
+    def shown(value: Any) -> Any:
+        return "-" if value is None else value
+
+    rows = [
+        [
+            name,
+            shown(item["exclusive_by"]),
+            shown(item["key_busy"]),
+            shown(item["rate_limit"]),
+            shown(item["rate_limit_by"]),
+            "-" if item["rate_slots"] is None else f"{item['rate_slots_used']}",
+            shown(item["rate_limited"]),
+        ]
+        for name, item in limited.items()
+    ]
+    headers = [
+        "worker",
+        "exclusive_by",
+        "key_busy",
+        "rate",
+        "rate_by",
+        "slots_used",
+        "rate_limited",
+    ]
+    note = (
+        "limits, counted now; key_busy: waiting, their key held by a working item; "
+        "rate_limited: waiting, their key's rate slots all used this window"
+    )
+    return "\n\n" + table(headers, rows) + "\n" + note
 
 
 def cmd_status(coordinator: Coordinator, args: argparse.Namespace) -> int:

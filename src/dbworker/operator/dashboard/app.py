@@ -157,6 +157,7 @@ def create_app(
             coordinators=coordinators,
             chart=chart,
             schedules=schedule_rows(operations),
+            limits=operations.limits(),
         )
 
     def worker_page(request: Request) -> Response:
@@ -170,6 +171,7 @@ def create_app(
             failed=failed[:FAILED_LIMIT],
             more=len(failed) > FAILED_LIMIT,
             figures=_shown(figures),
+            limits=operations.limits(worker.name).get(worker.name),
             message=request.query_params.get("message"),
         )
 

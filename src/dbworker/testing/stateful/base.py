@@ -35,6 +35,9 @@ class Actor(Client):
     held: dict[int, int] = field(default_factory=dict)
     #: The claim in progress (transaction open): source id -> (record before, after).
     pending: dict[int, tuple[Record, Record]] = field(default_factory=dict)
+    #: The same for the keyed worker's records (``KeyedRules``).
+    keyed_held: dict[int, int] = field(default_factory=dict)
+    keyed_pending: dict[int, tuple[Record, Record]] = field(default_factory=dict)
 
 
 class Belief(NamedTuple):
@@ -83,6 +86,8 @@ class MachineBase(RuleBasedStateMachine):
         self.owner = Owner("stateful", 0)
         #: The model: committed execution records, committed source rows, effects.
         self.records: dict[int, Record] = {}
+        #: The keyed worker's committed records (``KeyedRules``).
+        self.keyed_records: dict[int, Record] = {}
         self.items: dict[int, bool] = {}
         self.effects: list[tuple[int, int, str]] = []
         #: The (worker, slot) of every tick made (``TickRules``).
@@ -138,6 +143,8 @@ class MachineBase(RuleBasedStateMachine):
         if isinstance(client, Actor):
             client.held.clear()
             client.pending.clear()
+            client.keyed_held.clear()
+            client.keyed_pending.clear()
 
     def _locked_by_others(self, client: Client) -> set[int]:
         return {sid for a in self.actors if a is not client for sid in a.pending}

@@ -82,15 +82,25 @@ class ClaimRules(RowRules):
                         f"record {sid} changed to {self.records[sid]} while {actor.name}'s"
                         f" open claim held it (was {before})"
                     )
+            for sid, (before, _) in actor.keyed_pending.items():
+                if self.keyed_records[sid] != before:
+                    raise ModelMismatch(
+                        f"keyed record {sid} changed to {self.keyed_records[sid]} while"
+                        f" {actor.name}'s open claim held it (was {before})"
+                    )
             self._commit(actor)
             for sid, (_, after) in actor.pending.items():
                 self.records[sid] = after
                 actor.held[sid] = after.token
+            for sid, (_, after) in actor.keyed_pending.items():
+                self.keyed_records[sid] = after
+                actor.keyed_held[sid] = after.token
         elif how == "rollback":
             self._rollback(actor)
         else:
             self._crash(actor)
         actor.pending.clear()
+        actor.keyed_pending.clear()
 
     @precondition(lambda self: all(c.tx is None for c in self._clients()))
     @rule(who=actor_index)

@@ -40,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from ...dialects import Dialect, ErrorInfo, WorkerTable
+from ...dialects import Dialect, ErrorInfo, Limits, WorkerTable
 from ...schema import execution_table
 from ..harness import DialectFactory, FakeClock
 from ..servers import Server, server
@@ -98,6 +98,23 @@ ticks = Table(
     UniqueConstraint("worker", "slot"),
 )
 WORKER: Final = WorkerTable("sm", executions, items.c.id, monotonic_keys=True)
+#: Keys of the keyed worker's items: few, so that items share them.
+KEYS: Final = 3
+#: A second worker over the same rows, ``exclusive_by`` their key (``id % KEYS``): its
+#: execution table has ``held_key`` under a unique index (``KeyedRules``).
+keyed_executions = execution_table("smk", Integer(), metadata, keyed=True)
+KEYED: Final = WorkerTable(
+    "smk",
+    keyed_executions,
+    items.c.id,
+    monotonic_keys=True,
+    limits=Limits(exclusive_key=items.c.id % KEYS),
+)
+
+
+def key_of(sid: int) -> str:
+    """The keyed worker's key of item ``sid``, as stored in ``held_key``."""
+    return str(sid % KEYS)
 
 
 def eligible() -> Select[Any]:
@@ -154,7 +171,7 @@ class StatefulHarness:
 
     def reset(self) -> None:
         # DELETE, not DDL: a fresh schema per example would cost more than the example.
-        for table in (effects, executions, items, ticks):
+        for table in (effects, executions, keyed_executions, items, ticks):
             self.reader.execute(delete(table))
         self.clock.now = START
 

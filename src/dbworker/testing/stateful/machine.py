@@ -41,6 +41,9 @@ Invariants, numbered as in docs/internals.md, and where this machine checks each
    FAILED at ``MAX_CRASHES``, are compared with the model like every other field.
 7. Renewal is fenced too: a renewal reports exactly the claims the model says were
    lost and leaves the other rows untouched.
+8. Keyed exclusivity (``KeyedRules``, issue 26): never two WORKING records of an
+   ``exclusive_by`` worker with equal keys, each holding its key in ``held_key``; a
+   claim takes one record per key and none of a busy key.
 """
 
 from __future__ import annotations
@@ -55,13 +58,14 @@ from ..harness import DialectFactory
 from .base import describe
 from .harness import ModelMismatch, StatefulHarness, open_harness
 from .holders import HolderRules
+from .keyed import KeyedRules
 from .ticks import TickRules
 
 if TYPE_CHECKING:
     from hypothesis import settings as Settings
 
 
-class ExecutionMachine(HolderRules, TickRules):
+class ExecutionMachine(HolderRules, TickRules, KeyedRules):
     """Every rule, and the invariants checked after each step. Use
     ``machine_for(harness)``: the harness (engines, dialect) is per test."""
 
