@@ -35,7 +35,8 @@ from typing import Any
 
 from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
 from .base import ConcurrentRunner, Executor
-from .children import Child, Children, ProcessHandle, default_start_method, start_process
+from .children import Child, Children, ProcessHandle, start_process
+from .interpreter import launch
 from .multiplexed_child import CANCELLED, LOOP_LAG, asyncio_main, threads_main
 from .process import CANCEL, READY, describe_exit, send
 
@@ -71,7 +72,11 @@ class MultiplexedPool(Executor):
         lag_warning: float = 0.25,
     ) -> None:
         super().__init__(slots, runner, parent_pid)
-        self._context: Any = multiprocessing.get_context(start_method or default_start_method())
+        #: None: a new interpreter of the coordinator's own (``interpreter.py``), with no
+        #: fork server or resource tracker beside it.
+        self._context: Any = (
+            None if start_method is None else multiprocessing.get_context(start_method)
+        )
         self.asyncio = asyncio
         self.driver = driver
         self.lag_warning = lag_warning
@@ -104,9 +109,12 @@ class MultiplexedPool(Executor):
             args: tuple[Any, ...] = (share, self.driver, self.lag_warning)
         else:
             target, args = threads_main, (share,)
-        process, conn = start_process(
-            self._context, target, "dbworker-handler", self.runner, self.parent_pid, *args
-        )
+        if self._context is None:
+            process, conn = launch(target, "dbworker-handler", self.runner, self.parent_pid, *args)
+        else:
+            process, conn = start_process(
+                self._context, target, "dbworker-handler", self.runner, self.parent_pid, *args
+            )
         self._room[id(conn)] = share
         return process, conn
 
