@@ -63,10 +63,13 @@ def serve(url: str, mode: str, concurrency: int) -> None:
     coordinator = Coordinator(
         sessionmaker(engine), database_url=url, poll_seconds=0.02, max_poll_seconds=0.05
     )
-    handler: Any = wait_async if mode == "asyncio" else wait_sync
-    coordinator.transactional_worker(
+    register = coordinator.transactional_worker(
         name=WORKER, source=Call, concurrency=concurrency, executor=mode
-    )(handler)
+    )
+    if mode == "asyncio":
+        register(wait_async)
+    else:
+        register(wait_sync)
     coordinator.create_worker_tables()
     coordinator.start()
     stopped = False

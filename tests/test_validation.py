@@ -283,7 +283,7 @@ def test_handler_must_be_importable_by_child_processes(
 
 def test_handler_must_be_callable(coordinator: Coordinator) -> None:
     with raises("handler must be callable, got 42"):
-        coordinator.transactional_worker(name="process", source=Item)(42)  # type: ignore[arg-type]
+        coordinator.transactional_worker(name="process", source=Item)(42)  # type: ignore[call-overload]
 
 
 # -- eligible ------------------------------------------------------------------------------

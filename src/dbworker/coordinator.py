@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .cancellation import Cancellation
 from .core.errors import ConfigurationError, DBWorkerError
-from .core.outcomes import Outcome
 from .core.schedules import Schedule
 from .core.status import ExecutionStatus
 from .core.timing import PollBackoff, RetryPolicy, Timings
@@ -49,8 +48,10 @@ from .wakeups import Watched
 from .worker import (
     DEFAULT_MAX_CRASHES,
     Eligible,
+    HandlerDecorator,
     RegisteredWorkers,
     Registration,
+    SourceModel,
     Worker,
     check_importable,
     check_options,
@@ -58,11 +59,8 @@ from .worker import (
     source_mapper,
 )
 
-#: The source model a worker's handler receives, and what the handler returns: the
-#: decorator is generic over both, so a type checker refuses a handler that takes
-#: another model or may return None.
-SourceModel = TypeVar("SourceModel")
-OutcomeType = TypeVar("OutcomeType", bound=Outcome)
+#: The decorated function, returned as it came (``HandlerDecorator`` types it).
+AnyHandler = TypeVar("AnyHandler", bound=Callable[..., Any])
 
 log = logger()
 
@@ -183,21 +181,17 @@ class Coordinator:
         exclusive_by: Any = None,
         rate_limit: str | None = None,
         rate_limit_by: Any = None,
-    ) -> Callable[
-        [Callable[[SourceModel, Session], OutcomeType]],
-        Callable[[SourceModel, Session], OutcomeType],
-    ]:
-        """Register the decorated function as the handler of worker ``name``. The
-        function is returned unchanged, so it stays callable in unit tests (limits: api.md)."""
+    ) -> HandlerDecorator[SourceModel]:
+        """Register the decorated function (``def`` taking a Session, or ``async def``
+        taking an AsyncSession) as the handler of worker ``name``. The function is
+        returned unchanged, so it stays callable in unit tests (limits: api.md)."""
         check_options(self._url, name, eligible, concurrency, timeout, retry, max_crashes)
         pick = chooser(self._executor_choice, executor)
         self._check_name_free(name)
         limits = (exclusive_by, rate_limit, rate_limit_by)  # checked before the decorator runs
         check_limits(source_mapper(source).primary_key[0].table, *limits)
 
-        def register(
-            handler: Callable[[SourceModel, Session], OutcomeType],
-        ) -> Callable[[SourceModel, Session], OutcomeType]:
+        def register(handler: AnyHandler) -> AnyHandler:
             self._add(
                 pick(handler),
                 handler,
@@ -225,7 +219,7 @@ class Coordinator:
         executor: ExecutorChoice | str | None = None,
         exclusive: bool = False,
         rate_limit: str | None = None,
-    ) -> Callable[[Callable[[Tick, Session], OutcomeType]], Callable[[Tick, Session], OutcomeType]]:
+    ) -> HandlerDecorator[Tick]:
         """Register the decorated function as periodic worker ``name``, called with a
         ``Tick`` for each slot of ``cron`` (five fields, in ``timezone``) or ``every``
         (a timedelta), made once however many coordinators run. ``catch_up`` ("latest",
@@ -237,9 +231,7 @@ class Coordinator:
         pick = chooser(self._executor_choice, executor)
         self._check_name_free(name)
 
-        def register(
-            handler: Callable[[Tick, Session], OutcomeType],
-        ) -> Callable[[Tick, Session], OutcomeType]:
+        def register(handler: AnyHandler) -> AnyHandler:
             self._add(
                 pick(handler),
                 handler,

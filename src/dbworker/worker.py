@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import inspect as pyinspect
 import pickle
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, overload
 
 from sqlalchemy import ColumnElement, Integer, Select, Table, inspect, select
 from sqlalchemy.engine import URL
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Mapper, Session
 
 from .core.errors import ConfigurationError, UnknownWorkerError
 from .core.names import check_portable_length, validate_worker_name
+from .core.outcomes import Outcome
 from .core.schedules import Schedule
 from .core.status import ExecutionStatus
 from .core.tasks import Task
@@ -30,8 +31,34 @@ from .limit_options import check_limits
 from .records import ExecutionState, FailedItem
 from .schema import execution_table
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
 Handler = Callable[[Any, Session], Any]
 Eligible = Callable[[], Select[Any]]
+
+#: The source model a worker's handler receives, and what the handler returns: a
+#: registration decorator is generic over both, so a type checker refuses a handler
+#: that takes another model, or the wrong session, or may return None.
+SourceModel = TypeVar("SourceModel")
+OutcomeType = TypeVar("OutcomeType", bound=Outcome)
+
+
+class HandlerDecorator(Protocol[SourceModel]):
+    """What ``transactional_worker`` and ``periodic_worker`` return: a decorator taking
+    a handler, ``def (source, Session)`` or ``async def (source, AsyncSession)``
+    returning ``Finished()`` or ``Unfinished()``, and returning it unchanged."""
+
+    @overload
+    def __call__(
+        self, handler: Callable[[SourceModel, Session], OutcomeType]
+    ) -> Callable[[SourceModel, Session], OutcomeType]: ...
+
+    @overload
+    def __call__(
+        self, handler: Callable[[SourceModel, AsyncSession], Awaitable[OutcomeType]]
+    ) -> Callable[[SourceModel, AsyncSession], Awaitable[OutcomeType]]: ...
+
 
 #: Crashes (process deaths, expired leases) after which an item ends FAILED.
 DEFAULT_MAX_CRASHES = 3

@@ -7,8 +7,10 @@ its crash table runs here on the event loop with the async handler.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -34,8 +36,8 @@ from dbworker import (
 from dbworker.executors import ExecutorChoice
 from waiting import pid_alive, wait_until
 
-from . import app, async_app, test_executors
-from .support import Rig
+from . import app, async_app, forked_app, test_executors
+from .support import Rig, child_env
 
 FINISHED = ExecutionStatus.FINISHED
 FAILED = ExecutionStatus.FAILED
@@ -85,6 +87,32 @@ def test_concurrency_is_split_over_processes(rig: Rig, mode: str) -> None:
     for item_id in gated:
         rig.open_gate(item_id, 1)
     rig.wait_status(coordinator, gated, FINISHED)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("mode", MODES)
+def test_a_single_threaded_service_forks_its_handler_process(rig: Rig, mode: str) -> None:
+    """Started from a single-threaded process, the handler process is forked from the
+    coordinator and is its only process: no fork server, no resource tracker. The
+    application's SIGTERM handler is not inherited; every call commits exactly once."""
+    found = subprocess.run(
+        [sys.executable, "-m", "tests.executors.forked_app", rig.url, mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        env=child_env(),
+    )
+    assert found.returncode == 0, found.stderr
+    report = json.loads(found.stdout.strip().splitlines()[-1])
+    [handler] = report["tree"]
+    assert handler["parent"] == report["coordinator"]
+    assert handler["forked"], "forked from the coordinator, not a new interpreter"
+    assert not handler["catches_sigterm"], "the application's SIGTERM handler was reset"
+    assert sorted(report["effects"]) == sorted(str(n) for n in range(1, forked_app.CALLS + 1))
+    assert {count for count, _ in report["effects"].values()} == {1}, "exactly once"
+    assert {pid for _, pid in report["effects"].values()} == {handler["pid"]}
 
 
 def test_async_outcomes_are_recorded_with_their_writes(rig: Rig) -> None:

@@ -39,6 +39,12 @@ def _crashed(key: TaskKey, exc: BaseException) -> Result:
 
 
 def _start(conn: Connection, parent_pid: int) -> None:
+    # A process forked from the coordinator (``interpreter.py``) inherited the
+    # application's Python signal handlers: back to a new interpreter's defaults.
+    for number in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(number)):
+                signal.signal(number, signal.SIG_DFL)
     # Ctrl-C reaches the whole process group; the coordinator decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_parent(parent_pid)

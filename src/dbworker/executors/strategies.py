@@ -217,6 +217,8 @@ class Threads(_Choice):
     A thread cannot be killed: past its timeout (or when its claim is lost) the
     coordinator records the ending, which fences off whatever the handler commits
     later; its process takes no new work and is replaced once nothing else runs in it.
+    ``start_method`` None: the coordinator's own child, forked while the coordinator
+    runs one thread, else a new interpreter (``interpreter.py``).
     """
 
     threads: int | None = None
@@ -254,6 +256,7 @@ class AsyncIO(_Choice):
     change. A timeout cancels the task. ``driver`` is the asyncio driver (default:
     psycopg on PostgreSQL, aiosqlite on SQLite, aiomysql on MySQL and MariaDB); a
     handler that blocks the loop for ``lag_warning`` seconds or more is reported.
+    ``start_method``: as for ``Threads``.
     """
 
     processes: int = 1

@@ -1,0 +1,1 @@
+"""I/O-bound handlers, typed: ``async def`` on the asyncio executor, ``def`` on threads."""
