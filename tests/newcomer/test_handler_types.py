@@ -55,7 +55,8 @@ def mypy(tmp_path: Path, code: str) -> tuple[str, int]:
             def render(upload: Upload, session: Session) -> None:
                 upload.id += 0  # forgot to return Finished()
             """,
-            'error: Value of type variable "OutcomeType" of function cannot be "None"',
+            'error: Value of type variable "OutcomeType" of "__call__" of "HandlerDecorator" '
+            'cannot be "None"',
             id="returns-none",
         ),
         pytest.param(
