@@ -25,9 +25,10 @@ from sqlalchemy.orm import Session
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
 from ..core.policy import Decision, Ending, decide
-from ..core.tasks import ErrorInfo, Result, ResultKind, Task, describe
+from ..core.tasks import ErrorInfo, Result, ResultKind, Task
 from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.terms import READ_ONLY_OPTION
+from .failures import HandlerFailure
 from .runtime import FINISHED, ChildConfig, worker_table
 from .session import HandlerSession
 
@@ -244,37 +245,17 @@ class AsyncRuntime:
         return None if found is None else await session.merge(found, load=False)
 
     async def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:
-        info = describe(exc)
-        decision = decide(
-            Ending.RAISED,
-            failures=task.failures,
-            retry=task.retry,
-            error=exc,
-            transient=self.dialect.is_transient(exc),
-        )
-        retry_delay = None if decision.gives_up else decision.delay
-
-        def result(kind: ResultKind, **extra: Any) -> Result:
-            return Result(
-                task.key,
-                kind,
-                error=info.message,
-                error_type=info.type,
-                traceback=info.traceback,
-                retry_delay=retry_delay,
-                extra=extra,
-            )
-
+        failure = HandlerFailure.of(task, exc, transient=self.dialect.is_transient(exc))
         try:
             async with self.engine.begin() as conn:
-                done = await conn.run_sync(_record_on, self.dialect, worker, task, decision, info)
+                done = await conn.run_sync(
+                    _record_on, self.dialect, worker, task, failure.decision, failure.info
+                )
         except asyncio.CancelledError:
             raise
         except Exception as db_exc:  # the coordinator will record it instead
-            return result(ResultKind.UNRECORDED, recording_error=repr(db_exc))
-        if not done:
-            return result(ResultKind.LOST)
-        return result(ResultKind.FAILED if decision.gives_up else ResultKind.RETRYING)
+            return failure.unrecorded(db_exc)
+        return failure.written(done)
 
 
 def _record(

@@ -37,15 +37,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
 from ..core.policy import Ending, decide
-from ..core.tasks import Result, ResultKind, Task, TaskKey, describe
+from ..core.tasks import Result, ResultKind, Task, TaskKey
 from ..dialects import WorkerTable
+from .failures import HandlerFailure
 from .savepoints import driver_savepoints, forget_kept, keep_next_savepoint
 from .session import HandlerSession
 
@@ -214,37 +215,17 @@ def _record_failure(
     (``Runtime.record_failure``), but in a savepoint of the group's transaction: a
     transaction of its own would wait for the group's locks (on SQLite, its write
     lock) until the group committed."""
-    info = describe(exc)
-    decision = decide(
-        Ending.RAISED,
-        failures=task.failures,
-        retry=task.retry,
-        error=exc,
-        transient=runtime.dialect.is_transient(exc),
-    )
-    retry_delay = None if decision.gives_up else decision.delay
-
-    def result(kind: ResultKind, **extra: Any) -> Result:
-        return Result(
-            task.key,
-            kind,
-            error=info.message,
-            error_type=info.type,
-            traceback=info.traceback,
-            retry_delay=retry_delay,
-            extra=extra,
-        )
-
+    failure = HandlerFailure.of(task, exc, transient=runtime.dialect.is_transient(exc))
     savepoint = conn.begin_nested()
     try:
-        done = runtime.dialect.record(conn, worker, task.source_id, task.token, decision, info)
+        done = runtime.dialect.record(
+            conn, worker, task.source_id, task.token, failure.decision, failure.info
+        )
     except Exception as db_exc:  # the coordinator will record it instead
         try:
             savepoint.rollback()
         except Exception as broken:
             raise _GroupBroken() from broken
-        return result(ResultKind.UNRECORDED, recording_error=repr(db_exc))
+        return failure.unrecorded(db_exc)
     savepoint.commit()
-    if not done:
-        return result(ResultKind.LOST)
-    return result(ResultKind.FAILED if decision.gives_up else ResultKind.RETRYING)
+    return failure.written(done)

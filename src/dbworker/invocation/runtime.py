@@ -18,11 +18,12 @@ from sqlalchemy.orm import Session
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
 from ..core.policy import Ending, decide
-from ..core.tasks import Result, ResultKind, Task, describe
+from ..core.tasks import Result, ResultKind, Task
 from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.terms import NEVER_ISSUED_TOKEN
 from ..schema import detached_table
 from .connections import HeldConnections
+from .failures import HandlerFailure
 from .loading import SourceLoader
 from .session import HandlerSession
 
@@ -282,32 +283,12 @@ class Runtime:
                 return self.record_failure(task, worker, exc)
 
     def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:
-        info = describe(exc)
-        decision = decide(
-            Ending.RAISED,
-            failures=task.failures,
-            retry=task.retry,
-            error=exc,
-            transient=self.dialect.is_transient(exc),
-        )
-        retry_delay = None if decision.gives_up else decision.delay
-
-        def result(kind: ResultKind, **extra: Any) -> Result:
-            return Result(
-                task.key,
-                kind,
-                error=info.message,
-                error_type=info.type,
-                traceback=info.traceback,
-                retry_delay=retry_delay,
-                extra=extra,
-            )
-
+        failure = HandlerFailure.of(task, exc, transient=self.dialect.is_transient(exc))
         try:
             with self.engine.begin() as conn:
-                done = self.dialect.record(conn, worker, task.source_id, task.token, decision, info)
+                done = self.dialect.record(
+                    conn, worker, task.source_id, task.token, failure.decision, failure.info
+                )
         except Exception as db_exc:  # the coordinator will record it instead
-            return result(ResultKind.UNRECORDED, recording_error=repr(db_exc))
-        if not done:
-            return result(ResultKind.LOST)
-        return result(ResultKind.FAILED if decision.gives_up else ResultKind.RETRYING)
+            return failure.unrecorded(db_exc)
+        return failure.written(done)
