@@ -4,7 +4,9 @@ threads (``Threads``), ``async def`` handlers as tasks of one event loop (``Asyn
 For I/O-bound handlers (they mostly wait: HTTP calls, other services) a process per
 handler costs memory and start-up for nothing. Here a few processes (one by default)
 share the worker's ``concurrency``: each has room for its share, gets tasks over its
-pipe while it has room, and sends each result as that task ends (``multiplexed_child``).
+pipe while it has room (and, once invocations are timed, the tasks claimed ahead for
+its share, which start there as its slots free), and sends each result as that task
+ends (``multiplexed_child``).
 
 Every guarantee of the process executors holds, because the runner records each
 invocation under its token in the handler's own transaction exactly as it does there:
@@ -25,6 +27,7 @@ invocation under its token in the handler's own transaction exactly as it does t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import multiprocessing
@@ -37,7 +40,7 @@ from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_p
 from .base import ConcurrentRunner, Executor
 from .children import Child, Children, ProcessHandle, start_process
 from .interpreter import start_handler
-from .multiplexed_child import CANCELLED, LOOP_LAG, asyncio_main, threads_main
+from .multiplexed_child import AHEAD, CANCELLED, LOOP_LAG, STARTED, asyncio_main, threads_main
 from .process import CANCEL, READY, describe_exit, send
 
 log = logging.getLogger("dbworker")
@@ -45,12 +48,13 @@ log = logging.getLogger("dbworker")
 #: How long a cancelled task on an event loop may take to end before its process
 #: (with nothing else of value in flight) is killed.
 CANCEL_GRACE_SECONDS = 1.0
-#: Claiming ahead: tasks may wait here for a free slot (any process's, whichever frees
-#: first) while, at the pace recent invocations ended, they would start within this
-#: long; at most one per slot. A slot that frees then starts its next handler at once,
-#: instead of after the result's trip to the scheduler and a claim's transaction (in
-#: benchmarks.io, 300 waits of 0.3 s at concurrency 50, each wave started that much
-#: late). Nothing is claimed ahead before an invocation has ended (they may be long).
+#: Claiming ahead: tasks may wait for a free slot while, at the pace recent invocations
+#: ended, they would start within this long; at most one per slot. They wait in the
+#: process whose share they were sent for, so a slot that frees starts its next
+#: handler at once, instead of after the result's trip to the scheduler and back, or a
+#: claim's transaction (in benchmarks.io, 300 waits of 0.3 s at concurrency 50, each
+#: wave started that much late). Nothing is claimed ahead before an invocation has
+#: ended (they may be long).
 CLAIM_AHEAD_SECONDS = 0.5
 
 
@@ -94,8 +98,11 @@ class MultiplexedPool(Executor):
         self._room: dict[int, int] = {}
         self._next_share = 0
         #: Tasks submitted while no process had room (they start as soon as one has).
-        self._waiting: list[Task] = []
+        self._waiting: collections.deque[Task] = collections.deque()
+        #: When each task known to run started (tasks sent ahead: once reported).
         self._started: dict[TaskKey, float] = {}
+        #: Tasks sent ahead to a process and not reported started there.
+        self._queued: set[TaskKey] = set()
         #: Withdrawn tasks still in a process, and when each was withdrawn: no result is
         #: reported for them, but they hold their slots until they end.
         self._withdrawn: dict[TaskKey, float] = {}
@@ -170,18 +177,34 @@ class MultiplexedPool(Executor):
         self._dispatch()
 
     def _dispatch(self) -> None:
-        for child in self._children:
-            if not self._waiting:
-                return
-            if not self._takes_work(child):
-                continue
-            while self._waiting and len(child.tasks) < self._room_of(child):
-                task = self._waiting.pop(0)
-                child.tasks.append(task)
-                self._started[task.key] = time.monotonic()
-                # If the child is dead, collect() reports the crash for this task.
-                with contextlib.suppress(OSError, EOFError):
-                    send(child.conn, task_message(task, self._payloads[task.worker]))
+        # Free slots first (those tasks start at once), then each process's share of
+        # the tasks claimed ahead.
+        for ahead in (False, True):
+            for child in self._children:
+                if not self._waiting:
+                    return
+                if not self._takes_work(child):
+                    continue
+                room = self._room_of(child)
+                limit = room + self._ahead(room) if ahead else room
+                while self._waiting and len(child.tasks) < limit:
+                    self._send(child, self._waiting.popleft(), room)
+
+    def _send(self, child: Child, task: Task, room: int) -> None:
+        # Sent ahead unless it surely finds a slot free: while tasks sent ahead are
+        # not reported started, the process may be running more than we know.
+        queued = self._queued
+        ahead = len(child.tasks) >= room or any(t.key in queued for t in child.tasks)
+        child.tasks.append(task)
+        message: Any = task_message(task, self._payloads[task.worker])
+        if ahead:
+            queued.add(task.key)
+            message = (AHEAD, message)
+        else:
+            self._started[task.key] = time.monotonic()
+        # If the child is dead, collect() reports the crash for this task.
+        with contextlib.suppress(OSError, EOFError):
+            send(child.conn, message)
 
     # -- results -----------------------------------------------------------------------
 
@@ -197,9 +220,15 @@ class MultiplexedPool(Executor):
 
     def collect_by(self) -> float | None:
         # A withdrawn task on an event loop has until then to end (see _recycle).
-        if not self._withdrawn:
-            return None
-        return min(self._withdrawn.values()) + CANCEL_GRACE_SECONDS
+        now = time.monotonic()
+        due = [
+            withdrawn + CANCEL_GRACE_SECONDS
+            for key, withdrawn in self._withdrawn.items()
+            if key not in self._queued
+        ]
+        # Only ahead: once passed, _recycle has had its look (a loop blocked by a
+        # handler still in flight is not killed, and must not make the scheduler spin).
+        return min((t for t in due if t > now), default=None)
 
     def collect(self) -> list[Result]:
         self._lifecycle.reap()
@@ -233,24 +262,34 @@ class MultiplexedPool(Executor):
 
     def _read(self, child: Child, message: Any, results: list[Result]) -> None:
         if isinstance(message, Result):
-            key = message.task_key
+            self._ended(child, message.task_key, message, results)
+        elif isinstance(message, tuple) and message and message[0] == STARTED:
+            _, keys, ended = message
+            if ended is not None:
+                self._read(child, ended, results)
+            now = time.monotonic()
+            for key in keys:
+                self._queued.discard(key)
+                self._started[key] = now
         elif isinstance(message, tuple) and message and message[0] == CANCELLED:
-            key = message[1]
+            self._ended(child, message[1], None, results)
         elif isinstance(message, tuple) and message and message[0] == LOOP_LAG:
             self._lagged(message[1], message[2])
-            return
-        else:
-            return
+
+    def _ended(
+        self, child: Child, key: TaskKey, result: Result | None, results: list[Result]
+    ) -> None:
         self._end(child, key)
-        if self._withdrawn.pop(key, None) is None and isinstance(message, Result):
-            results.append(message)
-            if message.duration is not None:
+        if self._withdrawn.pop(key, None) is None and result is not None:
+            results.append(result)
+            if result.duration is not None:
                 typical = self._typical
-                duration = message.duration
+                duration = result.duration
                 self._typical = duration if typical is None else 0.8 * typical + 0.2 * duration
 
     def _end(self, child: Child, key: TaskKey) -> None:
         self._started.pop(key, None)
+        self._queued.discard(key)
         for task in child.tasks:
             if task.key == key:
                 child.tasks.remove(task)
@@ -273,14 +312,13 @@ class MultiplexedPool(Executor):
         return lags
 
     def _crashed(self, index: int, results: list[Result]) -> None:
-        """The process at ``index`` died: every task in flight in it crashed."""
+        """The process at ``index`` died: every task running in it crashed; those
+        waiting there go to the others."""
         child = self._children[index]
         child.process.join()
         now = time.monotonic()
-        for task in child.tasks:
+        for task in self._take_tasks(child):
             started = self._started.pop(task.key, now)
-            if self._withdrawn.pop(task.key, None) is not None:
-                continue  # its ending was written when it was withdrawn
             results.append(
                 Result(
                     task.key,
@@ -291,14 +329,35 @@ class MultiplexedPool(Executor):
                     duration=now - started,
                 )
             )
-        child.tasks.clear()
         self._replace(index)
 
+    def _take_tasks(self, child: Child) -> list[Task]:
+        """Empty a process that is gone: the tasks that were running in it, save those
+        withdrawn (their endings were written then); those it had not started (as far
+        as anyone knows: a start on its way counts as none) are submitted again."""
+        running: list[Task] = []
+        again: list[Task] = []
+        for task in child.tasks:
+            withdrawn = self._withdrawn.pop(task.key, None) is not None
+            if task.key in self._queued:
+                self._queued.discard(task.key)
+                if not withdrawn:
+                    again.append(task)
+            elif not withdrawn:
+                running.append(task)
+            else:
+                self._started.pop(task.key, None)
+        child.tasks.clear()
+        self._waiting.extendleft(reversed(again))
+        return running
+
     def _recycle(self, index: int) -> None:
-        """Kill and replace a process in which only withdrawn tasks are left: threads
-        that cannot be stopped, or cancels the event loop has not answered in time."""
+        """Kill and replace a process in which only withdrawn tasks run (threads that
+        cannot be stopped, or cancels the event loop has not answered in time); the
+        tasks it had not started go to the others."""
         child = self._children[index]
-        withdrawn = [self._withdrawn.get(t.key) for t in child.tasks]
+        running = [t for t in child.tasks if t.key not in self._queued]
+        withdrawn = [self._withdrawn.get(t.key) for t in running]
         if not withdrawn or None in withdrawn:
             return
         if self.asyncio and time.monotonic() < min(w for w in withdrawn if w is not None) + (
@@ -307,10 +366,7 @@ class MultiplexedPool(Executor):
             return
         child.process.kill()
         child.process.join()
-        for task in child.tasks:
-            self._withdrawn.pop(task.key, None)
-            self._started.pop(task.key, None)
-        child.tasks.clear()
+        self._take_tasks(child)
         self._replace(index)
 
     def _replace(self, index: int) -> None:
