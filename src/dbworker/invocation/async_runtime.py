@@ -19,8 +19,9 @@ from dataclasses import replace
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
@@ -29,7 +30,8 @@ from ..core.tasks import ErrorInfo, Result, ResultKind, Task
 from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.terms import READ_ONLY_OPTION
 from .failures import HandlerFailure
-from .runtime import FINISHED, ChildConfig, worker_table
+from .loading import SourceLoader
+from .runtime import FINISHED, KEPT_AFTER, ChildConfig, worker_table
 from .session import HandlerSession
 
 #: The asyncio driver used for each backend unless ``AsyncIO(driver=...)`` names one,
@@ -99,7 +101,12 @@ class AsyncRuntime:
         self._engine: AsyncEngine | None = None
         self._dialect: Dialect | None = None
         self._tables: dict[tuple[str, type[Any], bool], WorkerTable] = {}
+        self._loaders: dict[type[Any], SourceLoader] = {}
         self._starting: asyncio.Semaphore | None = None
+        #: Connections kept checked out between invocations (as ``connections.py`` does
+        #: for threads): a checkout and check-in cost two trips through the greenlet and
+        #: the pool's events per invocation, all on the loop every invocation waits on.
+        self._idle: list[AsyncConnection] = []
 
     @property
     def starting(self) -> asyncio.Semaphore:
@@ -140,6 +147,10 @@ class AsyncRuntime:
                 pass
 
     async def dispose(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                await conn.close()
         if self._engine is not None:
             with contextlib.suppress(Exception):
                 await self._engine.dispose()
@@ -160,15 +171,18 @@ class AsyncRuntime:
 
     async def _connected(self, task: Task, worker: WorkerTable, turn: _Turn) -> Result:
         try:
-            conn = await self.engine.connect()
+            conn = await self._take()
         except Exception as exc:
             turn.end()
             return await self.record_failure(task, worker, exc)
         session = AsyncSession(bind=conn, sync_session_class=HandlerSession, expire_on_commit=False)
         handler_session = session.sync_session
         assert isinstance(handler_session, HandlerSession)
+        kept = False
         try:
-            return await self._invoke(task, worker, session, handler_session, turn)
+            result = await self._invoke(task, worker, session, handler_session, turn)
+            kept = result.kind in KEPT_AFTER
+            return result
         except BaseException:
             # Cancelled (a timeout, a lost claim, a stop) mid-statement, perhaps: the
             # connection's state is unknown, so it is discarded, and the server rolls
@@ -180,8 +194,28 @@ class AsyncRuntime:
             handler_session._dbworker_guarded = False
             with contextlib.suppress(Exception):
                 await session.close()
+            if kept and self.keeps_connections:
+                self._idle.append(conn)
+            else:  # whatever went wrong may have left the connection unusable
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    @property
+    def keeps_connections(self) -> bool:
+        # With no pool the user asked for a connection per use: nothing is kept.
+        return not isinstance(self.engine.pool, NullPool)
+
+    async def _take(self) -> AsyncConnection:
+        """A kept connection, else one from the pool. One idle for a while is pinged
+        when its next transaction begins (``dialects.liveness``), as the pool would at
+        checkout; one left closed, invalidated or in a transaction is given back."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not (conn.closed or conn.invalidated or conn.in_transaction()):
+                return conn
             with contextlib.suppress(Exception):
                 await conn.close()
+        return await self.engine.connect()
 
     async def _invoke(
         self,
@@ -195,7 +229,10 @@ class AsyncRuntime:
             if self.dialect.source_read_apart:
                 source = await self._load_apart(session, task)
             else:
-                source = await session.get(task.source, task.source_id)
+                # As the threads' runtime loads it (``loading.py``), in one trip
+                # through the greenlet.
+                loader = self._loader(task.source, worker)
+                source = await session.run_sync(loader.load, task.source_id)
             guarded._dbworker_guarded = True
             if source is None:
                 raise LookupError(
@@ -212,25 +249,28 @@ class AsyncRuntime:
                     f"handler of worker {task.worker!r} returned {outcome!r}; it must "
                     "return Finished() or Unfinished()"
                 )
-            await session.flush()  # the handler's writes first: their errors are its own
             if isinstance(outcome, Finished):
                 decision, kind = FINISHED, ResultKind.FINISHED
             else:
                 decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                 kind = ResultKind.UNFINISHED
-            done = await session.run_sync(_record, self.dialect, worker, task, decision, None)
-            guarded._dbworker_guarded = False
-            if not done:
-                await session.rollback()
-                return Result(task.key, ResultKind.LOST)
-            await session.commit()
-            return Result(task.key, kind)
+            # The flush, the fenced ending and the commit (or rollback) in one trip
+            # through the greenlet: each trip is a pass of the loop, shared with every
+            # invocation in flight.
+            done = await session.run_sync(_finish, self.dialect, worker, task, decision)
+            return Result(task.key, kind if done else ResultKind.LOST)
         except Exception as exc:
             turn.end()
             guarded._dbworker_guarded = False
             with contextlib.suppress(Exception):
                 await session.rollback()
             return await self.record_failure(task, worker, exc)
+
+    def _loader(self, source: type[Any], worker: WorkerTable) -> SourceLoader:
+        loader = self._loaders.get(source)
+        if loader is None:
+            loader = self._loaders[source] = SourceLoader(source, worker.source_pk)
+        return loader
 
     async def _load_apart(self, session: AsyncSession, task: Task) -> Any:
         """The source row read on a connection of its own, outside the handler's
@@ -258,16 +298,21 @@ class AsyncRuntime:
         return failure.written(done)
 
 
-def _record(
-    session: Session,
-    dialect: Dialect,
-    worker: WorkerTable,
-    task: Task,
-    decision: Decision,
-    info: ErrorInfo | None,
+def _finish(
+    session: Session, dialect: Dialect, worker: WorkerTable, task: Task, decision: Decision
 ) -> bool:
-    """The dialect's fenced ending, on the session's connection (inside ``run_sync``)."""
-    return dialect.record(session.connection(), worker, task.source_id, task.token, decision, info)
+    """Inside ``run_sync``: the handler's writes first (their errors are its own), then
+    the dialect's fenced ending on the session's connection, committed with them; if
+    the fence failed (the claim was lost), everything rolls back. Whether it held."""
+    assert isinstance(session, HandlerSession)
+    session.flush()
+    done = dialect.record(session.connection(), worker, task.source_id, task.token, decision)
+    session._dbworker_guarded = False
+    if not done:
+        session.rollback()
+        return False
+    session.commit()
+    return True
 
 
 def _record_on(

@@ -29,7 +29,7 @@ from .session import HandlerSession
 
 FINISHED = decide(Ending.FINISHED)
 #: Outcomes after which a handler process keeps its connection for the next invocation.
-_KEPT_AFTER = frozenset({ResultKind.FINISHED, ResultKind.UNFINISHED})
+KEPT_AFTER = frozenset({ResultKind.FINISHED, ResultKind.UNFINISHED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +223,7 @@ class Runtime:
         except BaseException:
             self.held.drop()
             raise
-        if result.kind in _KEPT_AFTER:
+        if result.kind in KEPT_AFTER:
             self.held.done()
         else:  # whatever went wrong may have left the connection unusable
             self.held.drop()
