@@ -144,7 +144,10 @@ class MultiplexedPool(Executor):
 
     def _takes_work(self, child: Child) -> bool:
         # A process holding a withdrawn task gets nothing new: it is on its way out.
-        return child.usable and not any(t.key in self._withdrawn for t in child.tasks)
+        # (Asked on every pass of the scheduler's loop: no scan of its tasks while
+        # nothing is withdrawn, the usual case.)
+        withdrawn = self._withdrawn
+        return child.usable and not (withdrawn and any(t.key in withdrawn for t in child.tasks))
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -194,7 +197,9 @@ class MultiplexedPool(Executor):
         # Sent ahead unless it surely finds a slot free: while tasks sent ahead are
         # not reported started, the process may be running more than we know.
         queued = self._queued
-        ahead = len(child.tasks) >= room or any(t.key in queued for t in child.tasks)
+        ahead = len(child.tasks) >= room or bool(
+            queued and any(t.key in queued for t in child.tasks)
+        )
         child.tasks.append(task)
         message: Any = task_message(task, self._payloads[task.worker])
         if ahead:
