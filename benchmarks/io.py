@@ -8,9 +8,11 @@ items / concurrency x 0.3 s (1.8 s).
 * dbworker (``asyncio``, ``threads``): a coordinator in a process of its own
   (``benchmarks.io_work``) with one worker, ``executor=MODE``, whose handler waits and
   writes one row. After a warm-up batch, the clock starts before the rows are inserted
-  (one transaction; the coordinator finds them by polling every 20 ms) and stops when
-  every call's row is committed (polled every ``--poll-ms``). Afterwards each call must
-  have exactly one row.
+  (one transaction; on PostgreSQL the coordinator is woken by its commit through
+  dbworker's opt-in NOTIFY trigger, as for rows another service inserts; elsewhere, or
+  with ``--no-wake``, it finds them by polling every 20 ms) and stops when every call's
+  row is committed (polled every ``--poll-ms``). Afterwards each call must have exactly
+  one row.
 * Celery ``threads``: ``celery worker --pool threads -c CONCURRENCY``, Redis as broker,
   ``task_ignore_result``, ``task_acks_late``, ``worker_prefetch_multiplier=4``
   (``benchmarks.celery_app``'s ``fast`` configuration), a task that sleeps. The clock
@@ -77,8 +79,9 @@ def run_dbworker(backend: str, mode: str, args: argparse.Namespace) -> dict[str,
     with scratch_database(backend, f"io_{mode}") as url:
         engine = sa.create_engine(url)
         Base.metadata.create_all(engine)
+        wake = ["wake"] if args.wake and backend == "postgresql" else []
         process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.io_work", url, mode, str(args.concurrency)],
+            [sys.executable, "-m", "benchmarks.io_work", url, mode, str(args.concurrency), *wake],
             stdout=subprocess.PIPE,
             text=True,
             env=child_environment(),
@@ -125,6 +128,7 @@ def run_dbworker(backend: str, mode: str, args: argparse.Namespace) -> dict[str,
         "pss_mib": round(memory_report["peak_pss_kib"] / 1024, 1),
         "rss_mib": round(memory_report["peak_rss_kib"] / 1024, 1),
         "exactly_once": True,
+        "woken": bool(wake),
         "tree": tree(memory_report),
     }
 
@@ -193,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--no-celery", dest="celery", action="store_false")
+    parser.add_argument(
+        "--no-wake",
+        dest="wake",
+        action="store_false",
+        help="PostgreSQL: find the calls by polling, without the NOTIFY trigger",
+    )
     parser.add_argument("--poll-ms", type=float, default=10.0)
     parser.add_argument("--rss-interval-ms", type=float, default=100.0)
     parser.add_argument("--timeout", type=float, default=120.0)
