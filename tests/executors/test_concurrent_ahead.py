@@ -16,11 +16,11 @@ import pytest
 
 from dbworker import AsyncIO, ExecutionStatus, Threads
 from dbworker.executors import ExecutorChoice, multiplexed
-from waiting import DEADLINE, wait_until
+from waiting import DEADLINE
 
 from . import async_app
 from .support import Rig
-from .test_executors import take_over
+from .test_prefetch import steal
 
 WORKING, UNFINISHED, FINISHED = (
     ExecutionStatus.WORKING,
@@ -142,15 +142,7 @@ def test_a_waiting_item_whose_claim_is_lost_never_starts(
     # Renewals every second (a third of the lease) notice the takeover quickly.
     coordinator = started(rig, mode, lease_seconds=3)
     [first], [stolen] = claimed_ahead(rig, coordinator, 1, "finish")
-    take_over(rig, coordinator, stolen)
-    thief_token = rig.state(coordinator, stolen)
-    wait_until(
-        lambda: any(
-            "lost its claim" in r.getMessage() and r.__dict__.get("source_id") == stolen
-            for r in caplog.records
-        ),
-        "a renewal to notice the lost claim",
-    )
+    thief_token = steal(rig, coordinator, caplog, stolen)
     rig.open_gate(first, 1)
     rig.wait_status(coordinator, [first], FINISHED)
     [after] = rig.add("finish")  # runs once the slot is free: the stolen one was dropped

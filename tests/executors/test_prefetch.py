@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -149,6 +150,21 @@ def test_prefetch_is_validated() -> None:
             Subprocess(prefetch=bad)  # type: ignore[arg-type]
 
 
+def steal(rig: Rig, coordinator: Any, caplog: pytest.LogCaptureFixture, item_id: int) -> Any:
+    """Another holder takes ``item_id`` over; once a renewal has noticed (the coordinator
+    logged the lost claim), the thief's record."""
+    take_over(rig, coordinator, item_id)
+    thief = rig.state(coordinator, item_id)
+    wait_until(
+        lambda: any(
+            "lost its claim" in r.getMessage() and r.__dict__.get("source_id") == item_id
+            for r in caplog.records
+        ),
+        "a renewal to notice the lost claim",
+    )
+    return thief
+
+
 @pytest.mark.parametrize("executor", PREFETCHING)
 def test_a_waiting_item_whose_claim_is_lost_never_starts(
     rig: Rig, executor: str, caplog: pytest.LogCaptureFixture
@@ -159,15 +175,7 @@ def test_a_waiting_item_whose_claim_is_lost_never_starts(
     coordinator.start()
     warm(rig, coordinator)
     first, (stolen, other) = claimed_ahead(rig, coordinator, "finish", "finish")
-    take_over(rig, coordinator, stolen)
-    thief_token = rig.state(coordinator, stolen)
-    wait_until(
-        lambda: any(
-            "lost its claim" in r.getMessage() and r.__dict__.get("source_id") == stolen
-            for r in caplog.records
-        ),
-        "a renewal to notice the lost claim",
-    )
+    thief_token = steal(rig, coordinator, caplog, stolen)
     rig.open_gate(first, 1)
     rig.wait_status(coordinator, [first, other], FINISHED)
     assert rig.runs(stolen) == [], "a waiting item whose claim was lost must not start"
