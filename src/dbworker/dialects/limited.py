@@ -292,6 +292,14 @@ def _lock_and_claim(
     if key is not None:
         held = _lookup(worker, select(table.c.source_id), key, "dbworker_key_held")
         values = [(column, _with_key(value, held)) for column, value in values]
+        # Read again as the rows are locked: a claim that held a key when the search
+        # ran (its advisory lock) and committed since is seen now, and its key skipped,
+        # where it would meet the unique index and lose the whole claim.
+        holder = table.alias("dbworker_holder")
+        current = _lookup(worker, lock, key, "dbworker_key_busy").correlate(table)
+        lock = lock.where(
+            ~exists().where(holder.c.held_key == current, holder.c.source_id != table.c.source_id)
+        )
     c = table.c
     return (
         update(table)
