@@ -115,6 +115,7 @@ def claim_limited(
     if not picks:
         return Claims()
     if dialect.supports_one_statement_claims:
+        # PostgreSQL: its advisory key guard means no UPDATE waits on a key: one statement.
         return _claim_at_once(dialect, conn, worker, limits, picks, lease_seconds, owner)
     skipped = 0
     if dialect.supports_concurrent_claims:
