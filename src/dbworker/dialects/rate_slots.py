@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Integer, Table, bindparam, func, select, tuple_, update
+from sqlalchemy import Connection, Integer, Table, bindparam, func, select, update
 
 from .terms import Claim, Limits, WorkerTable
 
@@ -20,6 +20,7 @@ WORKER_WIDE = ""
 _WORKER = "dbworker_worker"
 _RATE_KEYS = "dbworker_rate_keys"
 _WANTED = "dbworker_wanted"
+_RATE_KEY = "dbworker_rate_key"
 _SLOT = "dbworker_slot"
 
 
@@ -147,12 +148,17 @@ def _slot_count(slots: Table) -> Any:
 def stamp_slots(
     dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, picks: list[Pick]
 ) -> None:
-    """Stamp the slot of each claimed pick with the database's time, in one UPDATE
-    (an executemany is a statement a row on MySQL's drivers)."""
+    """Stamp the slot of each claimed pick with the database's time: a statement a slot,
+    each an index lookup (one UPDATE of (rate_key, slot) IN (...) scanned every slot of
+    the worker on SQLite)."""
     assert limits.slots is not None
     slots = limits.slots
-    pairs = sorted((p.rate_key, p.slot) for p in picks if p.slot is not None)
-    if not pairs:
+    params = [
+        {_WORKER: worker.name, _RATE_KEY: p.rate_key, _SLOT: p.slot}
+        for p in picks
+        if p.slot is not None
+    ]
+    if not params:
         return
 
     def build() -> Any:
@@ -160,12 +166,10 @@ def stamp_slots(
             update(slots)
             .where(
                 slots.c.worker == bindparam(_WORKER),
-                tuple_(slots.c.rate_key, slots.c.slot).in_(bindparam(_SLOT, expanding=True)),
+                slots.c.rate_key == bindparam(_RATE_KEY),
+                slots.c.slot == bindparam(_SLOT),
             )
             .values(used_at=dialect.now())
         )
 
-    conn.execute(
-        dialect._built_once(("slot stamp", worker.table), build),
-        {_WORKER: worker.name, _SLOT: pairs},
-    )
+    conn.execute(dialect._built_once(("slot stamp", worker.table), build), params)
