@@ -22,7 +22,8 @@ takes only slots last used at least a window ago (FOR UPDATE SKIP LOCKED where t
 database has row locks; SQLite's claim holds the database-wide write lock) and claims
 no more rows than it got slots; the slots of the rows it claimed are stamped and
 commit with the claim, or roll back with it. A key's slots are made as claims need
-them (never more than N), so a limit far above the rate reached costs a few rows.
+them (never more than N; a short key's slots at least double), so a limit far above
+the rate reached costs about twice the rows that rate uses in a window.
 
 Keys are stored as ``stored_key`` makes them (the key's text, or a fixed-length digest
 of a text too long for the column), computed in SQL so that the search's test of busy
@@ -51,17 +52,19 @@ from sqlalchemy import (
     bindparam,
     cast,
     exists,
-    func,
     or_,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.util import ClauseAdapter
+from sqlalchemy.sql.visitors import replacement_traverse
 
 from ..core.errors import ClaimContention
 from ..core.status import Phase
 from .claim_values import KEY_PARAM
+from .rate_slots import Pick, stamp_slots, within_rate
 from .terms import Claim, Claims, Limits, Owner, WorkerTable
 
 if TYPE_CHECKING:
@@ -72,17 +75,10 @@ log = logging.getLogger("dbworker")
 
 #: Search rounds per claim: each reads past the keys earlier rounds took.
 SEARCH_ROUNDS = 4
-#: The rate_key of a worker-wide rate limit's slots.
-WORKER_WIDE = ""
 _ID_PARAM = "dbworker_id"
 _WINDOW = "dbworker_window"
 _SEEN = "dbworker_seen"
 _TAKEN = "dbworker_taken"
-_WORKER = "dbworker_worker"
-_RATE_KEYS = "dbworker_rate_keys"
-_RATE_KEY = "dbworker_rate_key"
-_WANTED = "dbworker_wanted"
-_SLOT = "dbworker_slot"
 _CLAIM_WIDTH = 6  # len(claim_columns(table))
 
 
@@ -97,14 +93,6 @@ def is_busy(worker: WorkerTable, key: ColumnElement[str]) -> ColumnElement[bool]
     clears ``held_key``). Read through the unique index on ``held_key``."""
     holder = worker.table.alias("dbworker_holder")
     return exists().where(holder.c.held_key == key, holder.c.source_id != worker.source_pk)
-
-
-@dataclasses.dataclass(slots=True)
-class _Pick:
-    claim: Claim
-    key: str | None
-    rate_key: str | None
-    slot: int | None = None
 
 
 def claim_limited(
@@ -123,9 +111,12 @@ def claim_limited(
         return Claims()
     picks = _search(dialect, conn, worker, limits, eligible, limit)
     if limits.rate is not None and picks:
-        picks = _within_rate(dialect, conn, worker, limits, picks)
+        picks = within_rate(dialect, conn, worker, limits, picks)
     if not picks:
         return Claims()
+    if dialect.supports_one_statement_claims:
+        # PostgreSQL: its advisory key guard means no UPDATE waits on a key: one statement.
+        return _claim_at_once(dialect, conn, worker, limits, picks, lease_seconds, owner)
     skipped = 0
     if dialect.supports_concurrent_claims:
         lock = dialect._built_once(
@@ -144,7 +135,7 @@ def claim_limited(
     skipped += len(picks) - len(claimed)
     picks = [p for p in picks if p.claim.source_id in claimed]
     if limits.rate is not None:
-        _stamp_slots(dialect, conn, worker, limits, picks)
+        stamp_slots(dialect, conn, worker, limits, picks)
     return Claims.of(
         (
             dataclasses.replace(
@@ -167,10 +158,10 @@ def _search(
     limits: Limits,
     eligible: Select[Any],
     limit: int,
-) -> list[_Pick]:
+) -> list[Pick]:
     """Claimable rows in the eligible order with their keys, at most one per exclusive
     key and none of a key held, up to ``limit`` (unlocked: the lock comes after)."""
-    picks: list[_Pick] = []
+    picks: list[Pick] = []
     taken: set[str] = set()
     seen: list[Any] = []
     for _ in range(SEARCH_ROUNDS):
@@ -196,7 +187,7 @@ def _search(
                 continue
             if held is not None:
                 taken.add(held)
-            picks.append(_Pick(Claim(*row[:_CLAIM_WIDTH]), held, rated))
+            picks.append(Pick(Claim(*row[:_CLAIM_WIDTH]), held, rated))
         seen += [row[0] for row in rows]
         if len(picks) >= limit or len(rows) < window:
             break
@@ -255,6 +246,81 @@ def _lookup(
     return row.scalar_subquery()
 
 
+def _claim_at_once(
+    dialect: Claiming,
+    conn: Connection,
+    worker: WorkerTable,
+    limits: Limits,
+    picks: list[Pick],
+    lease_seconds: float,
+    owner: Owner,
+) -> Claims:
+    """Lock, guard and claim ``picks`` in one statement, then stamp their slots (where
+    ``supports_one_statement_claims``: PostgreSQL). The row lock skips rows other claims
+    hold and keys another claim's advisory guard holds (``key_guard``), so no claim
+    waits on held_key's unique index for another's uncommitted claim: the one UPDATE
+    needs no key order. A key taken by a claim that committed since the search still
+    fails at the unique index: ``ClaimContention``, as in ``_update``."""
+    table = worker.table
+    statement = dialect._built_once(
+        ("limited claim", table, lease_seconds, owner),
+        lambda: _lock_and_claim(dialect, worker, limits, lease_seconds, owner),
+    )
+    try:
+        rows = conn.execute(statement, {"ids": [p.claim.source_id for p in picks]}).all()
+    except IntegrityError as exc:
+        raise ClaimContention(
+            f"a key of worker={worker.name} was just taken by another claim"
+        ) from exc
+    got = {row[0]: row for row in rows}
+    kept = [p for p in picks if p.claim.source_id in got]
+    if limits.rate is not None:
+        stamp_slots(dialect, conn, worker, limits, kept)
+    from .open_first import claimed  # open_first imports base, which imports this module
+
+    return Claims.of(claimed(got[p.claim.source_id] for p in kept), len(picks) - len(kept))
+
+
+def _lock_and_claim(
+    dialect: Claiming, worker: WorkerTable, limits: Limits, lease_seconds: float, owner: Owner
+) -> Any:
+    """UPDATE ... WHERE source_id IN (the row lock of ``ids``, with its key guard)
+    RETURNING the claim; ``held_key`` is the source row's stored key, read in SQL."""
+    table = worker.table
+    lock = _row_lock(dialect, worker, limits).with_only_columns(table.c.source_id)
+    values = dialect._claim_values(table, lease_seconds, owner)
+    key = _stored(dialect, limits.exclusive_key)
+    if key is not None:
+        held = _lookup(worker, select(table.c.source_id), key, "dbworker_key_held")
+        values = [(column, _with_key(value, held)) for column, value in values]
+        # Read again as the rows are locked: a claim that held a key when the search
+        # ran (its advisory lock) and committed since is seen now, and its key skipped,
+        # where it would meet the unique index and lose the whole claim.
+        holder = table.alias("dbworker_holder")
+        current = _lookup(worker, lock, key, "dbworker_key_busy").correlate(table)
+        lock = lock.where(
+            ~exists().where(holder.c.held_key == current, holder.c.source_id != table.c.source_id)
+        )
+    c = table.c
+    return (
+        update(table)
+        .where(c.source_id.in_(lock.scalar_subquery()))
+        .ordered_values(*values)
+        .returning(c.source_id, c.token, c.attempts, c.failures, c.crashes)
+    )
+
+
+def _with_key(value: Any, held: ColumnElement[Any]) -> Any:
+    """``value`` with ``held`` in place of the claim values' per-record key parameter."""
+    if not isinstance(value, ColumnElement):
+        return value  # a plain value (the owner's host or pid)
+
+    def replace(element: Any, **_kw: Any) -> Any:
+        return held if isinstance(element, BindParameter) and element.key == KEY_PARAM else None
+
+    return replacement_traverse(value, {}, replace)
+
+
 def _row_lock(dialect: Claiming, worker: WorkerTable, limits: Limits) -> Any:
     """The dialect's lock of the records ``ids``, with its ``key_guard`` if it has one."""
     lock = dialect._row_lock(worker.table)
@@ -263,139 +329,6 @@ def _row_lock(dialect: Claiming, worker: WorkerTable, limits: Limits) -> Any:
         return lock
     guard = dialect.key_guard(worker.name, _lookup(worker, lock, key, "dbworker_key_source"))
     return lock if guard is None else lock.where(guard)
-
-
-def _within_rate(
-    dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, picks: list[_Pick]
-) -> list[_Pick]:
-    """The picks, in order, for which a rate slot is free, each with its slot (locked
-    until the claim ends)."""
-    wanted: dict[str, int] = {}
-    for pick in picks:
-        if limits.rate_key is None or pick.rate_key is not None:
-            name = WORKER_WIDE if limits.rate_key is None else str(pick.rate_key)
-            wanted[name] = wanted.get(name, 0) + 1
-    free = _free_slots(dialect, conn, worker, limits, wanted)
-    kept: list[_Pick] = []
-    for pick in picks:
-        if limits.rate_key is not None and pick.rate_key is None:
-            kept.append(pick)  # a NULL key is limited by nothing
-            continue
-        name = WORKER_WIDE if limits.rate_key is None else str(pick.rate_key)
-        if free.get(name):
-            kept.append(dataclasses.replace(pick, rate_key=name, slot=free[name].pop()))
-    return kept
-
-
-def _free_slots(
-    dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, wanted: dict[str, int]
-) -> dict[str, list[int]]:
-    """The free slot numbers each key got (locked until the claim ends), making a key's
-    slots as they are needed, up to its rate's N."""
-    assert limits.slots is not None and limits.rate is not None
-    slots, count = limits.slots, limits.rate.count
-    got = _lock_slots(dialect, conn, worker, limits, wanted)
-    short = sorted(k for k, n in wanted.items() if len(got.get(k, ())) < n)
-    if not short:
-        return got
-    made = _built(dialect, ("slot count", worker.table), lambda: _slot_count(slots))
-    existing = {k: int(n) for k, n in conn.execute(made, {_WORKER: worker.name, _RATE_KEYS: short})}
-    values = [
-        {"worker": worker.name, "rate_key": k, "slot": n, "used_at": 0.0}
-        for k in short
-        for n in range(
-            existing.get(k, 0), min(count, existing.get(k, 0) + wanted[k] - len(got.get(k, ())))
-        )
-    ]
-    if values:
-        _make_slots(dialect, conn, slots, values)
-    # Rows this transaction locked or made are its own: SKIP LOCKED skips only others'.
-    got.update(_lock_slots(dialect, conn, worker, limits, {k: wanted[k] for k in short}))
-    return got
-
-
-def _make_slots(
-    dialect: Claiming, conn: Connection, slots: Table, values: list[dict[str, Any]]
-) -> None:
-    """Insert new free slots; another coordinator may make the same numbers at once,
-    and the first one's stay. Slots are capacity, not claims: where claims run
-    concurrently they are made in a transaction of their own, committed at once, so
-    that no claim waits for another's uncommitted slots (SQLite's claim holds the only
-    write lock, so it makes them itself)."""
-    insert = dialect.insert_ignore(slots, ("worker", "rate_key", "slot"))
-    if not dialect.supports_concurrent_claims:
-        conn.execute(insert, values)
-        return
-    with conn.engine.connect() as own, own.begin():
-        own.execute(insert, values)
-
-
-def _lock_slots(
-    dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, wanted: dict[str, int]
-) -> dict[str, list[int]]:
-    assert limits.slots is not None and limits.rate is not None
-    slots, seconds = limits.slots, limits.rate.seconds
-    one = len(wanted) == 1
-
-    def build() -> Any:
-        query = select(slots.c.rate_key, slots.c.slot).where(
-            slots.c.worker == bindparam(_WORKER),
-            slots.c.rate_key.in_(bindparam(_RATE_KEYS, expanding=True)),
-            slots.c.used_at <= dialect.now() - seconds,
-        )
-        if one:  # lock no more slots than this claim can use
-            query = query.limit(bindparam(_WANTED, type_=Integer()))
-        # SKIP LOCKED: another coordinator's claim holds those slots until it ends.
-        # (SQLAlchemy drops FOR UPDATE on SQLite, whose claim holds the write lock.)
-        return query.with_for_update(skip_locked=True)
-
-    statement = _built(dialect, ("slot lock", worker.table, one), build)
-    params: dict[str, Any] = {_WORKER: worker.name, _RATE_KEYS: sorted(wanted)}
-    if one:
-        params[_WANTED] = next(iter(wanted.values()))
-    got: dict[str, list[int]] = {}
-    for name, slot in conn.execute(statement, params):
-        got.setdefault(name, []).append(int(slot))
-    return got
-
-
-def _slot_count(slots: Table) -> Any:
-    return (
-        select(slots.c.rate_key, func.count())
-        .where(
-            slots.c.worker == bindparam(_WORKER),
-            slots.c.rate_key.in_(bindparam(_RATE_KEYS, expanding=True)),
-        )
-        .group_by(slots.c.rate_key)
-    )
-
-
-def _stamp_slots(
-    dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, picks: list[_Pick]
-) -> None:
-    """Stamp the slot of each claimed pick with the database's time."""
-    assert limits.slots is not None
-    slots = limits.slots
-    params = [
-        {_WORKER: worker.name, _RATE_KEY: p.rate_key, _SLOT: p.slot}
-        for p in picks
-        if p.slot is not None
-    ]
-    if not params:
-        return
-
-    def build() -> Any:
-        return (
-            update(slots)
-            .where(
-                slots.c.worker == bindparam(_WORKER),
-                slots.c.rate_key == bindparam(_RATE_KEY),
-                slots.c.slot == bindparam(_SLOT),
-            )
-            .values(used_at=dialect.now())
-        )
-
-    conn.execute(_built(dialect, ("slot stamp", worker.table), build), params)
 
 
 def _built(dialect: Claiming, key: tuple[Any, ...], build: Any) -> Any:
@@ -407,7 +340,7 @@ def _update(
     conn: Connection,
     worker: WorkerTable,
     limits: Limits,
-    picks: list[_Pick],
+    picks: list[Pick],
     lease_seconds: float,
     owner: Owner,
 ) -> set[Any]:

@@ -21,7 +21,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, func, literal, or_, select
 
 from ..dialects import Dialect
-from ..dialects.limited import WORKER_WIDE, is_busy, key_text
+from ..dialects.limited import is_busy, key_text
+from ..dialects.rate_slots import WORKER_WIDE
 from ..registry import has_table
 from ..worker import Registration
 from .results import LimitFigures

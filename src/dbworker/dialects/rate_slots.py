@@ -1,0 +1,175 @@
+"""A rate limit's slots (issue 26; see ``limited.py``): at most N rows per (worker,
+key), each the database time it was last used. A claim locks free slots (FOR UPDATE SKIP
+LOCKED where the database has row locks), makes a key's slots as claims need them, and
+stamps the slots of the rows it claimed in its own transaction."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Integer, Table, bindparam, func, select, update
+
+from .terms import Claim, Limits, WorkerTable
+
+if TYPE_CHECKING:
+    from .claiming import Claiming
+
+#: The rate_key of a worker-wide rate limit's slots.
+WORKER_WIDE = ""
+_WORKER = "dbworker_worker"
+_RATE_KEYS = "dbworker_rate_keys"
+_WANTED = "dbworker_wanted"
+_RATE_KEY = "dbworker_rate_key"
+_SLOT = "dbworker_slot"
+
+
+@dataclasses.dataclass(slots=True)
+class Pick:
+    """A record a limited claim found, with its keys and, once got, its rate slot."""
+
+    claim: Claim
+    key: str | None
+    rate_key: str | None
+    slot: int | None = None
+
+
+def within_rate(
+    dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, picks: list[Pick]
+) -> list[Pick]:
+    """The picks, in order, for which a rate slot is free, each with its slot (locked
+    until the claim ends)."""
+    wanted: dict[str, int] = {}
+    for pick in picks:
+        if limits.rate_key is None or pick.rate_key is not None:
+            name = WORKER_WIDE if limits.rate_key is None else str(pick.rate_key)
+            wanted[name] = wanted.get(name, 0) + 1
+    free = _free_slots(dialect, conn, worker, limits, wanted)
+    kept: list[Pick] = []
+    for pick in picks:
+        if limits.rate_key is not None and pick.rate_key is None:
+            kept.append(pick)  # a NULL key is limited by nothing
+            continue
+        name = WORKER_WIDE if limits.rate_key is None else str(pick.rate_key)
+        if free.get(name):
+            kept.append(dataclasses.replace(pick, rate_key=name, slot=free[name].pop()))
+    return kept
+
+
+def _free_slots(
+    dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, wanted: dict[str, int]
+) -> dict[str, list[int]]:
+    """The free slot numbers each key got (locked until the claim ends), making a key's
+    slots as they are needed, up to its rate's N."""
+    assert limits.slots is not None and limits.rate is not None
+    slots, count = limits.slots, limits.rate.count
+    got = _lock_slots(dialect, conn, worker, limits, wanted)
+    short = sorted(k for k, n in wanted.items() if len(got.get(k, ())) < n)
+    if not short:
+        return got
+    made = dialect._built_once(("slot count", worker.table), lambda: _slot_count(slots))
+    existing = {k: int(n) for k, n in conn.execute(made, {_WORKER: worker.name, _RATE_KEYS: short})}
+    # A short key's slots at least double (up to N): a rate that climbs pays for a few
+    # makes (each a transaction of its own and a second lock), not one every claim.
+    values = [
+        {"worker": worker.name, "rate_key": k, "slot": n, "used_at": 0.0}
+        for k in short
+        for n in _new_slots(existing.get(k, 0), wanted[k] - len(got.get(k, ())), count)
+    ]
+    if values:
+        _make_slots(dialect, conn, slots, values)
+    # Rows this transaction locked or made are its own: SKIP LOCKED skips only others'.
+    got.update(_lock_slots(dialect, conn, worker, limits, {k: wanted[k] for k in short}))
+    return got
+
+
+def _new_slots(have: int, short_by: int, count: int) -> range:
+    """The numbers of a key's new slots: at least ``short_by`` more, at least double
+    the ``have`` it has, never beyond its rate's ``count``."""
+    return range(have, min(count, max(2 * have, have + short_by)))
+
+
+def _make_slots(
+    dialect: Claiming, conn: Connection, slots: Table, values: list[dict[str, Any]]
+) -> None:
+    """Insert new free slots; another coordinator may make the same numbers at once,
+    and the first one's stay. Slots are capacity, not claims: where claims run
+    concurrently they are made in a transaction of their own, committed at once, so
+    that no claim waits for another's uncommitted slots (SQLite's claim holds the only
+    write lock, so it makes them itself)."""
+    insert = dialect.insert_ignore(slots, ("worker", "rate_key", "slot"))
+    if not dialect.supports_concurrent_claims:
+        conn.execute(insert, values)
+        return
+    with conn.engine.connect() as own, own.begin():
+        own.execute(insert, values)
+
+
+def _lock_slots(
+    dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, wanted: dict[str, int]
+) -> dict[str, list[int]]:
+    assert limits.slots is not None and limits.rate is not None
+    slots, seconds = limits.slots, limits.rate.seconds
+    one = len(wanted) == 1
+
+    def build() -> Any:
+        query = select(slots.c.rate_key, slots.c.slot).where(
+            slots.c.worker == bindparam(_WORKER),
+            slots.c.rate_key.in_(bindparam(_RATE_KEYS, expanding=True)),
+            slots.c.used_at <= dialect.now() - seconds,
+        )
+        if one:  # lock no more slots than this claim can use
+            query = query.limit(bindparam(_WANTED, type_=Integer()))
+        # SKIP LOCKED: another coordinator's claim holds those slots until it ends.
+        # (SQLAlchemy drops FOR UPDATE on SQLite, whose claim holds the write lock.)
+        return query.with_for_update(skip_locked=True)
+
+    statement = dialect._built_once(("slot lock", worker.table, one), build)
+    params: dict[str, Any] = {_WORKER: worker.name, _RATE_KEYS: sorted(wanted)}
+    if one:
+        params[_WANTED] = next(iter(wanted.values()))
+    got: dict[str, list[int]] = {}
+    for name, slot in conn.execute(statement, params):
+        got.setdefault(name, []).append(int(slot))
+    return got
+
+
+def _slot_count(slots: Table) -> Any:
+    return (
+        select(slots.c.rate_key, func.count())
+        .where(
+            slots.c.worker == bindparam(_WORKER),
+            slots.c.rate_key.in_(bindparam(_RATE_KEYS, expanding=True)),
+        )
+        .group_by(slots.c.rate_key)
+    )
+
+
+def stamp_slots(
+    dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, picks: list[Pick]
+) -> None:
+    """Stamp the slot of each claimed pick with the database's time: a statement a slot,
+    each an index lookup (one UPDATE of (rate_key, slot) IN (...) scanned every slot of
+    the worker on SQLite)."""
+    assert limits.slots is not None
+    slots = limits.slots
+    params = [
+        {_WORKER: worker.name, _RATE_KEY: p.rate_key, _SLOT: p.slot}
+        for p in picks
+        if p.slot is not None
+    ]
+    if not params:
+        return
+
+    def build() -> Any:
+        return (
+            update(slots)
+            .where(
+                slots.c.worker == bindparam(_WORKER),
+                slots.c.rate_key == bindparam(_RATE_KEY),
+                slots.c.slot == bindparam(_SLOT),
+            )
+            .values(used_at=dialect.now())
+        )
+
+    conn.execute(dialect._built_once(("slot stamp", worker.table), build), params)
