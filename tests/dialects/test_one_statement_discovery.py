@@ -44,6 +44,21 @@ def test_a_coordinators_discovery_is_one_statement(database_url: str) -> None:
         assert _one_statement(seen)
 
 
+@pytest.mark.backends("postgresql")
+def test_postgresql_reads_the_watermark_inside_its_discovery(database_url: str) -> None:
+    # One statement in all, from an empty table and above a watermark: a woken poll's
+    # discovery is one round trip, and the watermark it reports is the one it started from.
+    with Harness(lambda _clock: for_url(database_url), database_url) as h:
+        h.seed()
+        conn = h.actor()
+        largest = max(row.id for row in ITEMS)
+        for expected in ((len(ITEMS), largest), (0, largest)):
+            with statements_run(conn) as seen:
+                assert _discover(h, conn) == expected
+            sql = [s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]
+            assert len(sql) == 1, sql
+
+
 @pytest.mark.backends("mysql")
 def test_repeatable_read_discovers_in_two_statements(database_url: str) -> None:
     # The application's default on InnoDB: an INSERT ... SELECT would lock the source.
