@@ -141,23 +141,6 @@ def test_plan_settings_apply_to_the_claim_statement_only(database_url: str) -> N
         assert tuple(before) == ("on", "on", "off", "off")
 
 
-@pytest.mark.backends("postgresql")
-def test_a_claims_commit_is_asynchronous_and_only_its_own(database_url: str) -> None:
-    with _db_clock(database_url) as h:
-        h.seed()
-        h.discover(h.items)
-        conn = h.admin
-        setting = "SELECT current_setting('synchronous_commit')"
-        with conn.begin():
-            assert conn.exec_driver_sql(setting).scalar() == "on"
-            h.dialect.claim(conn, h.items, select(Item).order_by(Item.id), 1, LEASE, OWNER)
-            assert conn.exec_driver_sql(setting).scalar() == "off"
-        with conn.begin():
-            # The next transaction (a handler's fenced finish, a failure's record) waits
-            # for its flush again, and with it for the claim's, which is before it in WAL.
-            assert conn.exec_driver_sql(setting).scalar() == "on"
-
-
 @pytest.mark.backends("sqlite")
 def test_sqlite_without_returning_claims_in_two_statements(
     database_url: str, monkeypatch: pytest.MonkeyPatch

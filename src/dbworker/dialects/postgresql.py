@@ -71,15 +71,10 @@ PLAN_SETTINGS: tuple[str, ...] = ("enable_seqscan", "enable_bitmapscan", "enable
 # being merged into the outer select list) and switches the choices off until the end
 # of the transaction; the claim restores them as it runs, so they apply to no other
 # statement. A setting is read when a statement is planned, before it executes.
-# It also makes the claim's COMMIT asynchronous (no wait for the WAL flush, a pickup's
-# fsync saved): a claim lost in a server crash leaves the item claimable again, and
-# nothing can depend on it first, as everything a run commits is flushed after it in WAL
-# order (its fenced finish fails without the claim).
 _GUARD = text(
-    "SELECT {old}, {off}, {asynchronous} FROM (SELECT {read} OFFSET 0) AS dbworker_plan".format(
+    "SELECT {old}, {off} FROM (SELECT {read} OFFSET 0) AS dbworker_plan".format(
         old=", ".join(f"dbworker_plan.{name}" for name in PLAN_SETTINGS),
         off=", ".join(f"set_config('{name}', 'off', true)" for name in PLAN_SETTINGS),
-        asynchronous="set_config('synchronous_commit', 'off', true)",
         read=", ".join(f"current_setting('{name}') AS {name}" for name in PLAN_SETTINGS),
     )
 )
