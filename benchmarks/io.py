@@ -76,7 +76,7 @@ def run_dbworker(backend: str, mode: str, args: argparse.Namespace) -> dict[str,
 
     from .io_work import Base, Call
 
-    with scratch_database(backend, f"io_{mode}") as url:
+    with scratch_database(backend, f"io_{mode.replace(':', '_')}") as url:
         engine = sa.create_engine(url)
         Base.metadata.create_all(engine)
         wake = ["wake"] if args.wake and backend == "postgresql" else []
@@ -192,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_dialects_argument(parser)
     parser.set_defaults(dialects=["postgresql"])
-    parser.add_argument("--modes", default=",".join(MODES), help="asyncio,threads")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="asyncio,threads; MODE:N runs MODE on N handler processes (e.g. threads:2)",
+    )
     parser.add_argument("--items", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=1)

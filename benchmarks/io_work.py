@@ -3,8 +3,9 @@
 
 Run by the benchmark as ``python -m benchmarks.io_work URL MODE CONCURRENCY [wake]``: it
 starts a coordinator (``executor=MODE``: "asyncio" runs ``wait_async``, "threads"
-``wait_sync``), prints one JSON line once its handler processes are ready, and runs until
-terminated. ``wake`` (PostgreSQL): the calls' table gets dbworker's opt-in NOTIFY trigger
+``wait_sync``; "asyncio:N" and "threads:N" run them on N handler processes), prints one
+JSON line once its handler processes are ready, and runs until terminated. ``wake``
+(PostgreSQL): the calls' table gets dbworker's opt-in NOTIFY trigger
 (``create_notify_triggers``), as for rows another service inserts, which the benchmark's
 inserts are: the coordinator is woken by their commit instead of finding them by polling
 (every 20 ms, backing off to 50 ms while idle).
@@ -23,7 +24,7 @@ from sqlalchemy import Integer, create_engine
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from dbworker import Coordinator, Finished, Outcome
+from dbworker import AsyncIO, Coordinator, Finished, Outcome, Threads
 
 WORKER = "io_bench"
 WAIT_SECONDS = 0.3
@@ -67,10 +68,15 @@ def serve(url: str, mode: str, concurrency: int, wake: bool = False) -> None:
     coordinator = Coordinator(
         sessionmaker(engine), database_url=url, poll_seconds=0.02, max_poll_seconds=0.05
     )
+    kind, _, processes = mode.partition(":")
+    executor: Any = kind
+    if processes:
+        choice = AsyncIO if kind == "asyncio" else Threads
+        executor = choice(processes=int(processes))
     register = coordinator.transactional_worker(
-        name=WORKER, source=Call, concurrency=concurrency, executor=mode
+        name=WORKER, source=Call, concurrency=concurrency, executor=executor
     )
-    if mode == "asyncio":
+    if kind == "asyncio":
         register(wait_async)
     else:
         register(wait_sync)

@@ -54,8 +54,12 @@ CANCEL_GRACE_SECONDS = 1.0
 #: handler at once, instead of after the result's trip to the scheduler and back, or a
 #: claim's transaction (in benchmarks.io, 300 waits of 0.3 s at concurrency 50, each
 #: wave started that much late). Nothing is claimed ahead before an invocation has
-#: ended (they may be long).
-CLAIM_AHEAD_SECONDS = 0.5
+#: ended (they may be long). One second, not half: an invocation is timed from its
+#: load to its commit, and there a wait of 0.3 s measured 0.45-0.75 s on a busy machine
+#: (a cold warm-up, or its share of each wave's commits), which at 0.5 s claimed only
+#: 34 of the next wave's 50 ahead: the other 16 slots waited ~110-150 ms for results to
+#: reach the scheduler and a claim to come back.
+CLAIM_AHEAD_SECONDS = 1.0
 
 
 def shares(total: int, processes: int) -> list[int]:
