@@ -165,6 +165,14 @@ class Claiming(DialectInterface):
         meets such a race at the unique index)."""
         return None
 
+    def update_in_order(self, statement: Any, order: ColumnElement[Any]) -> Any:
+        """``statement`` (an UPDATE) writing its rows in ``order``, where the database
+        can be told (a claim that writes several keys takes their unique-index entries
+        in one order, so that two claims never wait for each other in a cycle). This
+        version leaves it unchanged: only a dialect with
+        ``failed_statement_keeps_transaction`` runs such a batch."""
+        return statement
+
     def stored_key(self, key: ColumnElement[str]) -> ColumnElement[str]:
         """SQL: how a key's text is stored in ``held_key`` and the rate slots (their
         ``HELD_KEY_LENGTH`` columns). This version stores it whole: SQLite, which uses

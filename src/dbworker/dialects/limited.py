@@ -50,6 +50,7 @@ from sqlalchemy import (
     String,
     Table,
     bindparam,
+    case,
     cast,
     exists,
     or_,
@@ -331,10 +332,6 @@ def _row_lock(dialect: Claiming, worker: WorkerTable, limits: Limits) -> Any:
     return lock if guard is None else lock.where(guard)
 
 
-def _built(dialect: Claiming, key: tuple[Any, ...], build: Any) -> Any:
-    return dialect._built_once(key, build)
-
-
 def _update(
     dialect: Claiming,
     conn: Connection,
@@ -378,6 +375,20 @@ def _update(
                 f"a key of worker={worker.name} was just taken by another claim"
             ) from exc
         return {p.claim.source_id for p in picks}
+    if len(params) > 1:
+        # One statement for the batch (a round trip a record less), its rows written in
+        # key order as the loop below writes them; a key another claim took since the
+        # search fails it whole (the statement alone is rolled back): then one by one.
+        batch = dialect._built_once(
+            ("keyed batch", table, lease_seconds, owner, len(params)),
+            lambda: _keyed_batch(dialect, table, lease_seconds, owner, len(params)),
+        )
+        flat = {f"{k}_{i}": v for i, one in enumerate(params) for k, v in one.items()}
+        try:
+            conn.execute(batch, flat)
+            return {one[_ID_PARAM] for one in params}
+        except IntegrityError:
+            log.debug("a key of worker=%s was just taken; claiming one by one", worker.name)
     claimed: set[Any] = set()
     for one in params:
         try:
@@ -399,3 +410,21 @@ def _keyed_update(dialect: Claiming, table: Table, lease_seconds: float, owner: 
         .where(table.c.source_id == bindparam(_ID_PARAM))
         .ordered_values(*dialect._claim_values(table, lease_seconds, owner))
     )
+
+
+def _keyed_batch(
+    dialect: Claiming, table: Table, lease_seconds: float, owner: Owner, count: int
+) -> Any:
+    """The claim UPDATE of ``count`` records given in key order (``_ID_PARAM``_i with
+    ``KEY_PARAM``_i), each with its key, written in that order (``update_in_order``)."""
+    ids: list[BindParameter[Any]] = [bindparam(f"{_ID_PARAM}_{i}") for i in range(count)]
+    key = case(
+        *[
+            (table.c.source_id == ids[i], bindparam(f"{KEY_PARAM}_{i}", type_=String()))
+            for i in range(count)
+        ]
+    )
+    rank = case(*[(table.c.source_id == ids[i], i) for i in range(count)])
+    values = [(c, _with_key(v, key)) for c, v in dialect._claim_values(table, lease_seconds, owner)]
+    statement = update(table).where(table.c.source_id.in_(ids)).ordered_values(*values)
+    return dialect.update_in_order(statement, rank)
