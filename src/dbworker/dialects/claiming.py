@@ -38,6 +38,9 @@ class Claiming(DialectInterface):
     #: Whether a statement that fails (a unique violation) leaves the transaction
     #: usable, the statement alone rolled back (MySQL), rather than lost (PostgreSQL).
     failed_statement_keeps_transaction: ClassVar[bool] = False
+    #: Whether a one-statement limited claim also stamps its rate slots, in a
+    #: data-modifying CTE over the claim's RETURNING (PostgreSQL).
+    supports_stamp_in_claim: ClassVar[bool] = False
 
     def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         """SQL for ``core.transitions.Record.claimable``: CLAIM or TAKEOVER is legal now."""

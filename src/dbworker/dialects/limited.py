@@ -65,7 +65,7 @@ from sqlalchemy.sql.visitors import replacement_traverse
 from ..core.errors import ClaimContention
 from ..core.status import Phase
 from .claim_values import KEY_PARAM
-from .rate_slots import Pick, stamp_slots, within_rate
+from .rate_slots import Pick, stamp_claimed, stamp_params, stamp_slots, within_rate
 from .terms import Claim, Claims, Limits, Owner, WorkerTable
 
 if TYPE_CHECKING:
@@ -256,26 +256,32 @@ def _claim_at_once(
     lease_seconds: float,
     owner: Owner,
 ) -> Claims:
-    """Lock, guard and claim ``picks`` in one statement, then stamp their slots (where
-    ``supports_one_statement_claims``: PostgreSQL). The row lock skips rows other claims
-    hold and keys another claim's advisory guard holds (``key_guard``), so no claim
-    waits on held_key's unique index for another's uncommitted claim: the one UPDATE
-    needs no key order. A key taken by a claim that committed since the search still
-    fails at the unique index: ``ClaimContention``, as in ``_update``."""
+    """Lock, guard and claim ``picks`` in one statement (where
+    ``supports_one_statement_claims``), which also stamps their slots where
+    ``supports_stamp_in_claim`` (PostgreSQL; else they are stamped after it). The row
+    lock skips rows other claims hold and keys another claim's advisory guard holds
+    (``key_guard``), so no claim waits on held_key's unique index for another's
+    uncommitted claim: the one UPDATE needs no key order. A key taken by a claim that
+    committed since the search still fails at the unique index: ``ClaimContention``,
+    as in ``_update``."""
     table = worker.table
     statement = dialect._built_once(
         ("limited claim", table, lease_seconds, owner),
         lambda: _lock_and_claim(dialect, worker, limits, lease_seconds, owner),
     )
+    params: dict[str, Any] = {"ids": [p.claim.source_id for p in picks]}
+    stamped = limits.rate is not None and dialect.supports_stamp_in_claim
+    if stamped:
+        params.update(stamp_params(worker, picks))
     try:
-        rows = conn.execute(statement, {"ids": [p.claim.source_id for p in picks]}).all()
+        rows = conn.execute(statement, params).all()
     except IntegrityError as exc:
         raise ClaimContention(
             f"a key of worker={worker.name} was just taken by another claim"
         ) from exc
     got = {row[0]: row for row in rows}
     kept = [p for p in picks if p.claim.source_id in got]
-    if limits.rate is not None:
+    if limits.rate is not None and not stamped:
         stamp_slots(dialect, conn, worker, limits, kept)
     from .open_first import claimed  # open_first imports base, which imports this module
 
@@ -303,12 +309,17 @@ def _lock_and_claim(
             ~exists().where(holder.c.held_key == current, holder.c.source_id != table.c.source_id)
         )
     c = table.c
-    return (
+    claim = (
         update(table)
         .where(c.source_id.in_(lock.scalar_subquery()))
         .ordered_values(*values)
         .returning(c.source_id, c.token, c.attempts, c.failures, c.crashes)
     )
+    if limits.rate is None or not dialect.supports_stamp_in_claim:
+        return claim
+    # The slots of the rows claimed are stamped by the same statement.
+    claimed = claim.cte("dbworker_claimed")
+    return select(*claimed.c).add_cte(stamp_claimed(dialect, worker, limits, claimed))
 
 
 def _with_key(value: Any, held: ColumnElement[Any]) -> Any:

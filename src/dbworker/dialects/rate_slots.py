@@ -9,11 +9,14 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    ARRAY,
     Connection,
     Integer,
+    String,
     Table,
     and_,
     bindparam,
+    cast,
     func,
     or_,
     select,
@@ -33,6 +36,9 @@ _RATE_KEYS = "dbworker_rate_keys"
 _WANTED = "dbworker_wanted"
 _RATE_KEY = "dbworker_rate_key"
 _SLOT = "dbworker_slot"
+_PICK_IDS = "dbworker_pick_ids"
+_PICK_KEYS = "dbworker_pick_keys"
+_PICK_SLOTS = "dbworker_pick_slots"
 
 
 @dataclasses.dataclass(slots=True)
@@ -216,3 +222,44 @@ def stamp_slots(
         )
 
     conn.execute(dialect._built_once(("slot stamp", worker.table, shape), build), params)
+
+
+def stamp_claimed(dialect: Claiming, worker: WorkerTable, limits: Limits, claimed: Any) -> Any:
+    """A data-modifying CTE for a claim that is one statement (PostgreSQL): stamp the
+    slots of the picks (``stamp_params``) whose records ``claimed``, the claim's own
+    RETURNING as a CTE, returned; exactly the claimed ones', in the claim's statement
+    (a round trip less than ``stamp_slots`` after it)."""
+    assert limits.slots is not None
+    slots = limits.slots
+    picked = (
+        func.unnest(
+            cast(bindparam(_PICK_IDS), ARRAY(worker.table.c.source_id.type)),
+            cast(bindparam(_PICK_KEYS), ARRAY(String())),
+            cast(bindparam(_PICK_SLOTS), ARRAY(Integer())),
+        )
+        .table_valued("id", "rate_key", "slot")
+        .render_derived(name="dbworker_picked")
+    )
+    return (
+        update(slots)
+        .where(
+            slots.c.worker == bindparam(_WORKER),
+            slots.c.rate_key == picked.c.rate_key,
+            slots.c.slot == picked.c.slot,
+            picked.c.id.in_(select(claimed.c.source_id)),
+        )
+        .values(used_at=dialect.now())
+        .returning(slots.c.slot)
+        .cte("dbworker_stamped")
+    )
+
+
+def stamp_params(worker: WorkerTable, picks: list[Pick]) -> dict[str, Any]:
+    """The parameters of ``stamp_claimed``: each pick's record, rate key and slot."""
+    rated = [p for p in picks if p.slot is not None]
+    return {
+        _WORKER: worker.name,
+        _PICK_IDS: [p.claim.source_id for p in rated],
+        _PICK_KEYS: [str(p.rate_key) for p in rated],
+        _PICK_SLOTS: [p.slot for p in rated],
+    }
