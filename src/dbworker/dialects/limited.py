@@ -65,6 +65,7 @@ from sqlalchemy.sql.visitors import replacement_traverse
 from ..core.errors import ClaimContention
 from ..core.status import Phase
 from .claim_values import KEY_PARAM
+from .rate_claim import claim_rated
 from .rate_slots import Pick, stamp_claimed, stamp_params, stamp_slots, within_rate
 from .terms import Claim, Claims, Limits, Owner, WorkerTable
 
@@ -111,6 +112,8 @@ def claim_limited(
     if limit < 1:
         return Claims()
     picks = _search(dialect, conn, worker, limits, eligible, limit)
+    if limits.rate is not None and picks and dialect.supports_stamp_in_claim:
+        return _claim_rated(dialect, conn, worker, limits, picks, lease_seconds, owner)
     if limits.rate is not None and picks:
         picks = within_rate(dialect, conn, worker, limits, picks)
     if not picks:
@@ -286,6 +289,38 @@ def _claim_at_once(
     from .open_first import claimed  # open_first imports base, which imports this module
 
     return Claims.of(claimed(got[p.claim.source_id] for p in kept), len(picks) - len(kept))
+
+
+def _claim_rated(
+    dialect: Claiming,
+    conn: Connection,
+    worker: WorkerTable,
+    limits: Limits,
+    picks: list[Pick],
+    lease_seconds: float,
+    owner: Owner,
+) -> Claims:
+    """``picks`` claimed within the rate, their slots locked and stamped by the claim's
+    one statement (``rate_claim``); those of a key short of slots the long way, which
+    makes them."""
+    unrated = dataclasses.replace(limits, rate=None)
+    claims, short, skipped = claim_rated(
+        dialect,
+        conn,
+        worker,
+        limits,
+        picks,
+        lambda: _lock_and_claim(dialect, worker, unrated, lease_seconds, owner),
+        ("rated claim", worker.table, lease_seconds, owner),
+    )
+    if short:
+        more = within_rate(dialect, conn, worker, limits, short)
+        if more:
+            late = _claim_at_once(dialect, conn, worker, limits, more, lease_seconds, owner)
+            skipped += late.skipped
+            order = {p.claim.source_id: i for i, p in enumerate(picks)}
+            claims = sorted([*claims, *late], key=lambda c: order[c.source_id])
+    return Claims.of(claims, skipped)
 
 
 def _lock_and_claim(

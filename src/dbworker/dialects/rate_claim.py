@@ -1,0 +1,174 @@
+"""A rate-limited claim in one statement, where ``supports_stamp_in_claim`` (PostgreSQL;
+issue 26, see ``limited.py`` and ``rate_slots.py``).
+
+The picks of the search go in as arrays. The statement locks up to as many free slots
+of each rate key as it has picks (FOR UPDATE SKIP LOCKED in a LATERAL subquery, a
+LIMIT per key), pairs picks and slots in pick order, claims the paired picks (and
+those of a NULL key, which nothing limits), and stamps the slots of the rows it
+claimed: a round trip where locking the slots first took two. Its rows say, for each
+pick, the slot it was paired with and the claim, if any. A pick of a key that got too
+few slots goes the long way (``within_rate``, which makes a key's missing slots), so
+that a climbing rate still grows its slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    ARRAY,
+    Connection,
+    String,
+    and_,
+    bindparam,
+    cast,
+    func,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.visitors import replacement_traverse
+
+from ..core.errors import ClaimContention
+from ..core.status import Phase
+from .rate_slots import WORKER_WIDE, Pick
+from .terms import Claim, Limits, WorkerTable
+
+if TYPE_CHECKING:
+    from .claiming import Claiming
+
+_IDS = "dbworker_rated_ids"
+_KEYS = "dbworker_rated_keys"
+_WORKER = "dbworker_rated_worker"
+
+
+def claim_rated(
+    dialect: Claiming,
+    conn: Connection,
+    worker: WorkerTable,
+    limits: Limits,
+    picks: list[Pick],
+    claim: Callable[[], Any],
+    key: tuple[Any, ...],
+) -> tuple[list[Claim], list[Pick], int]:
+    """Claim ``picks`` within the rate in one statement, ``claim`` being the claim's
+    UPDATE ... RETURNING of the records ``ids`` (built, once, under ``key``). Returns the
+    claims in pick order, the picks that got no slot (for the long way), and how many
+    picks that got a slot were skipped (locked or taken by another claim)."""
+    statement = dialect._built_once(key, lambda: _statement(dialect, worker, limits, claim()))
+    keys = [
+        WORKER_WIDE if limits.rate_key is None else p.rate_key and str(p.rate_key) for p in picks
+    ]
+    params = {_IDS: [p.claim.source_id for p in picks], _KEYS: keys, _WORKER: worker.name}
+    try:
+        rows = conn.execute(statement, params).all()
+    except IntegrityError as exc:
+        raise ClaimContention(
+            f"a key of worker={worker.name} was just taken by another claim"
+        ) from exc
+    by_id = {row[0]: row for row in rows}
+    claims: list[Claim] = []
+    short: list[Pick] = []
+    skipped = 0
+    working = Phase.WORKING.value
+    for pick, rate_key in zip(picks, keys, strict=True):
+        source_id, slot, token, attempts, failures, crashes = by_id[pick.claim.source_id]
+        if token is not None:
+            claims.append(Claim(source_id, token, attempts, failures, crashes, working))
+        elif rate_key is not None and slot is None:
+            short.append(pick)
+        else:
+            skipped += 1
+    return claims, short, skipped
+
+
+def _statement(dialect: Claiming, worker: WorkerTable, limits: Limits, claim: Any) -> Any:
+    assert limits.slots is not None and limits.rate is not None
+    slots, seconds = limits.slots, limits.rate.seconds
+    listed = (
+        func.unnest(
+            cast(bindparam(_IDS), ARRAY(worker.table.c.source_id.type)),
+            cast(bindparam(_KEYS), ARRAY(String())),
+        )
+        .table_valued("id", "rate_key", with_ordinality="ord")
+        .render_derived(name="dbworker_listed")
+    )
+    picks = select(
+        listed.c.id,
+        listed.c.rate_key,
+        listed.c.ord,
+        func.row_number().over(partition_by=listed.c.rate_key, order_by=listed.c.ord).label("n"),
+    ).cte("dbworker_picks")
+    wants = (
+        select(picks.c.rate_key, func.count().label("wanted"))
+        .where(picks.c.rate_key.is_not(None))
+        .group_by(picks.c.rate_key)
+        .cte("dbworker_wants")
+    )
+    # A LIMIT per key, in a LATERAL subquery: SKIP LOCKED passes slots another
+    # coordinator's claim holds until it ends.
+    free = (
+        select(slots.c.slot)
+        .where(
+            slots.c.worker == bindparam(_WORKER),
+            slots.c.rate_key == wants.c.rate_key,
+            slots.c.used_at <= dialect.now() - seconds,
+        )
+        .limit(wants.c.wanted)
+        .with_for_update(skip_locked=True)
+        .lateral("dbworker_free")
+    )
+    got = (
+        select(
+            wants.c.rate_key,
+            free.c.slot,
+            func.row_number().over(partition_by=wants.c.rate_key, order_by=free.c.slot).label("n"),
+        )
+        .select_from(wants.join(free, true()))
+        .cte("dbworker_got")
+    )
+    paired = (
+        select(picks.c.id, got.c.rate_key, got.c.slot)
+        .select_from(
+            picks.join(got, and_(picks.c.rate_key == got.c.rate_key, picks.c.n == got.c.n))
+        )
+        .cte("dbworker_paired")
+        .prefix_with("MATERIALIZED")
+    )
+    allowed = select(picks.c.id).where(
+        or_(picks.c.rate_key.is_(None), picks.c.id.in_(select(paired.c.id)))
+    )
+
+    def replace(element: Any, **_kw: Any) -> Any:
+        if isinstance(element, BindParameter) and element.key == "ids":
+            return allowed.scalar_subquery()
+        return None
+
+    claimed = replacement_traverse(claim, {}, replace).cte("dbworker_claimed")
+    stamped = (
+        update(slots)
+        .where(
+            slots.c.worker == bindparam(_WORKER),
+            slots.c.rate_key == paired.c.rate_key,
+            slots.c.slot == paired.c.slot,
+            paired.c.id.in_(select(claimed.c.source_id)),
+        )
+        .values(used_at=dialect.now())
+        .returning(slots.c.slot)
+        .cte("dbworker_stamped")
+    )
+    c = claimed.c
+    return (
+        select(picks.c.id, paired.c.slot, c.token, c.attempts, c.failures, c.crashes)
+        .select_from(
+            picks.outerjoin(paired, paired.c.id == picks.c.id).outerjoin(
+                claimed, c.source_id == picks.c.id
+            )
+        )
+        .add_cte(stamped)
+        .order_by(picks.c.ord)
+    )
