@@ -31,7 +31,9 @@ keys compares like with like.
 
 Every statement is built once per worker and eligible-query shape (``reuse``); the
 search returns the records with their keys, read through the source's primary key.
-An unlimited worker never comes here: its claim is the dialect's own, unchanged.
+On PostgreSQL an ``exclusive_by`` claim is one statement (``keyed_claim``), and a rated
+one locks, claims and stamps in one after its search (``rate_claim``). An unlimited
+worker never comes here: its claim is the dialect's own, unchanged.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from sqlalchemy.sql.visitors import replacement_traverse
 from ..core.errors import ClaimContention
 from ..core.status import Phase
 from .claim_values import KEY_PARAM
+from .keyed_claim import claim_keyed, keyed_at_once
 from .rate_claim import claim_rated
 from .rate_slots import Pick, stamp_claimed, stamp_params, stamp_slots, within_rate
 from .terms import Claim, Claims, Limits, Owner, WorkerTable
@@ -111,6 +114,18 @@ def claim_limited(
     assert limits is not None, "claim_limited is for workers with limits"
     if limit < 1:
         return Claims()
+    if keyed_at_once(dialect, limits, eligible):
+        return claim_keyed(
+            dialect,
+            conn,
+            worker,
+            eligible,
+            limit,
+            lambda: _search_select(dialect, worker, limits, eligible, False),
+            lambda: _lock_and_claim(dialect, worker, limits, lease_seconds, owner),
+            ("keyed claim", worker.table, lease_seconds, owner),
+            _WINDOW,
+        )
     picks = _search(dialect, conn, worker, limits, eligible, limit)
     if limits.rate is not None and picks and dialect.supports_stamp_in_claim:
         return _claim_rated(dialect, conn, worker, limits, picks, lease_seconds, owner)
@@ -205,29 +220,37 @@ def _search_statement(
     past the rows (``_SEEN``) and keys (``_TAKEN``) earlier rounds saw."""
 
     def build() -> tuple[Any, str]:
-        pk = worker.source_pk
-        key = _stored(dialect, limits.exclusive_key)
-        query = eligible if key is None else eligible.where(~is_busy(worker, key))
-        if later:
-            query = query.where(pk.not_in(bindparam(_SEEN, expanding=True)))
-            if key is not None:
-                # A NULL key is nobody's: NOT IN would drop it.
-                taken = key.not_in(bindparam(_TAKEN, expanding=True))
-                query = query.where(or_(key.is_(None), taken))
-        window = bindparam(_WINDOW, 1, type_=Integer())
-        search = dialect.candidates(worker, query, typing_cast(int, window), dialect.now())
-        keys = [_stored(dialect, e) for e in (limits.exclusive_key, limits.rate_key)]
-        lookups = [
-            _lookup(worker, search, k, f"dbworker_key_source_{i}")
-            for i, k in enumerate(keys)
-            if k is not None
-        ]
-        return dialect._plan_search(search.add_columns(*lookups)), _WINDOW
+        return _search_select(dialect, worker, limits, eligible, later), _WINDOW
 
     from .open_first import reuse  # open_first imports base, which imports this module
 
     key = ("limited search", worker.table, later)
     return reuse(typing_cast("Dialect", dialect), key, eligible, 0, build)
+
+
+def _search_select(
+    dialect: Claiming, worker: WorkerTable, limits: Limits, eligible: Select[Any], later: bool
+) -> Select[Any]:
+    """The search: the claim columns, then the exclusive key and the rate key (each if
+    the worker has it), LIMIT ``_WINDOW``."""
+    pk = worker.source_pk
+    key = _stored(dialect, limits.exclusive_key)
+    query = eligible if key is None else eligible.where(~is_busy(worker, key))
+    if later:
+        query = query.where(pk.not_in(bindparam(_SEEN, expanding=True)))
+        if key is not None:
+            # A NULL key is nobody's: NOT IN would drop it.
+            taken = key.not_in(bindparam(_TAKEN, expanding=True))
+            query = query.where(or_(key.is_(None), taken))
+    window = bindparam(_WINDOW, 1, type_=Integer())
+    search = dialect.candidates(worker, query, typing_cast(int, window), dialect.now())
+    keys = [_stored(dialect, e) for e in (limits.exclusive_key, limits.rate_key)]
+    lookups = [
+        _lookup(worker, search, k, f"dbworker_key_source_{i}")
+        for i, k in enumerate(keys)
+        if k is not None
+    ]
+    return dialect._plan_search(search.add_columns(*lookups))
 
 
 def _stored(dialect: Claiming, expression: ColumnElement[Any] | None) -> Any:
