@@ -38,8 +38,9 @@ class Claiming(DialectInterface):
     #: Whether a statement that fails (a unique violation) leaves the transaction
     #: usable, the statement alone rolled back (MySQL), rather than lost (PostgreSQL).
     failed_statement_keeps_transaction: ClassVar[bool] = False
-    #: Whether a one-statement limited claim also stamps its rate slots, in a
-    #: data-modifying CTE over the claim's RETURNING (PostgreSQL).
+    #: Whether limited claims run as data-modifying CTEs (PostgreSQL): an exclusive_by
+    #: claim's search and UPDATE in one statement, and a rated claim's slots locked and
+    #: stamped in its claim's statement, over the claim's RETURNING.
     supports_stamp_in_claim: ClassVar[bool] = False
 
     def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:

@@ -76,7 +76,8 @@ def claim_keyed(
         raise ClaimContention(
             f"a key of worker={worker.name} was just taken by another claim"
         ) from exc
-    return Claims.of(claimed(rows), 0)
+    taken = [row for row in rows if row[1] is not None]
+    return Claims.of(claimed(taken), len(rows) - len(taken))
 
 
 def _statement(search: Select[Any], claim: Any) -> Any:
@@ -112,17 +113,25 @@ def _statement(search: Select[Any], claim: Any) -> Any:
         .where(or_(ranked.c.dbworker_nth == 1, ranked.c.dbworker_key.is_(None)))
         .order_by(*order(ranked))
         .limit(bindparam(_LIMIT, type_=Integer()))
+        .cte("dbworker_firsts")
+        .prefix_with("MATERIALIZED")
     )
 
     def replace(element: Any, **_kw: Any) -> Any:
         if isinstance(element, BindParameter) and element.key == "ids":
-            return firsts.scalar_subquery()
+            return select(firsts.c.source_id).scalar_subquery()
         return None
 
     done = replacement_traverse(claim, {}, replace).cte("dbworker_claimed")
     c = done.c
+    # Every row picked, with its claim if it got one: a row the row lock skipped (held
+    # by another claim) is reported skipped, so that the loop looks again soon.
     return (
-        select(c.source_id, c.token, c.attempts, c.failures, c.crashes)
-        .select_from(done.join(found, found.c.source_id == c.source_id))
+        select(firsts.c.source_id, c.token, c.attempts, c.failures, c.crashes)
+        .select_from(
+            firsts.join(found, found.c.source_id == firsts.c.source_id).outerjoin(
+                done, c.source_id == firsts.c.source_id
+            )
+        )
         .order_by(*order(found))
     )

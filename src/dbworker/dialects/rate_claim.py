@@ -103,8 +103,20 @@ def _statement(dialect: Claiming, worker: WorkerTable, limits: Limits, claim: An
         listed.c.ord,
         func.row_number().over(partition_by=listed.c.rate_key, order_by=listed.c.ord).label("n"),
     ).cte("dbworker_picks")
+    largest = (
+        select(func.coalesce(func.max(slots.c.slot), -1))
+        .where(slots.c.worker == bindparam(_WORKER), slots.c.rate_key == picks.c.rate_key)
+        .scalar_subquery()
+    )
+    wanted = func.count()
+    # Where a key's search for free slots starts: at random, with room for the slots it
+    # wants before the last. Slots are taken in turn, so those used within the window
+    # lie together: a search from slot 0 read past all of them (every claim read about
+    # half the slots of a worker-wide rate). A search that finds too few sends its
+    # picks the long way, which reads from slot 0.
+    start = func.floor(func.random() * func.greatest(0, largest + 2 - wanted))
     wants = (
-        select(picks.c.rate_key, func.count().label("wanted"))
+        select(picks.c.rate_key, wanted.label("wanted"), start.label("start"))
         .where(picks.c.rate_key.is_not(None))
         .group_by(picks.c.rate_key)
         .cte("dbworker_wants")
@@ -116,8 +128,10 @@ def _statement(dialect: Claiming, worker: WorkerTable, limits: Limits, claim: An
         .where(
             slots.c.worker == bindparam(_WORKER),
             slots.c.rate_key == wants.c.rate_key,
+            slots.c.slot >= wants.c.start,
             slots.c.used_at <= dialect.now() - seconds,
         )
+        .order_by(slots.c.slot)
         .limit(wants.c.wanted)
         .with_for_update(skip_locked=True)
         .lateral("dbworker_free")
