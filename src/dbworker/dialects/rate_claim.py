@@ -19,10 +19,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import (
     ARRAY,
     Connection,
+    Integer,
+    Select,
     String,
     and_,
+    any_,
     bindparam,
     cast,
+    exists,
     func,
     or_,
     select,
@@ -30,7 +34,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.elements import BinaryExpression, BindParameter
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from ..core.errors import ClaimContention
@@ -114,7 +118,7 @@ def _statement(dialect: Claiming, worker: WorkerTable, limits: Limits, claim: An
     # lie together: a search from slot 0 read past all of them (every claim read about
     # half the slots of a worker-wide rate). A search that finds too few sends its
     # picks the long way, which reads from slot 0.
-    start = func.floor(func.random() * func.greatest(0, largest + 2 - wanted))
+    start = cast(func.floor(func.random() * func.greatest(0, largest + 2 - wanted)), Integer())
     wants = (
         select(picks.c.rate_key, wanted.label("wanted"), start.label("start"))
         .where(picks.c.rate_key.is_not(None))
@@ -153,23 +157,38 @@ def _statement(dialect: Claiming, worker: WorkerTable, limits: Limits, claim: An
         .cte("dbworker_paired")
         .prefix_with("MATERIALIZED")
     )
-    allowed = select(picks.c.id).where(
-        or_(picks.c.rate_key.is_(None), picks.c.id.in_(select(paired.c.id)))
+    # Each set a row lock or UPDATE reads is an array computed first (= ANY of an
+    # uncorrelated subquery): an index lookup per element whatever the planner guesses
+    # of a CTE's rows (a semi-join with the CTE read every open record, or every slot).
+    allowed = _any(
+        select(func.array_agg(picks.c.id)).where(
+            or_(picks.c.rate_key.is_(None), picks.c.id.in_(select(paired.c.id)))
+        ),
+        worker.table.c.source_id.type,
     )
 
     def replace(element: Any, **_kw: Any) -> Any:
-        if isinstance(element, BindParameter) and element.key == "ids":
-            return allowed.scalar_subquery()
+        if (
+            isinstance(element, BinaryExpression)
+            and isinstance(element.right, BindParameter)
+            and element.right.key == "ids"
+        ):
+            return element.left == allowed
         return None
 
     claimed = replacement_traverse(claim, {}, replace).cte("dbworker_claimed")
+    used = paired.c.id.in_(select(claimed.c.source_id))
     stamped = (
         update(slots)
         .where(
             slots.c.worker == bindparam(_WORKER),
-            slots.c.rate_key == paired.c.rate_key,
-            slots.c.slot == paired.c.slot,
-            paired.c.id.in_(select(claimed.c.source_id)),
+            slots.c.rate_key
+            == _any(select(func.array_agg(paired.c.rate_key)).where(used), String()),
+            slots.c.slot == _any(select(func.array_agg(paired.c.slot)).where(used), Integer()),
+            # Exactly the pairs (keys and numbers alone would match other keys' slots).
+            exists().where(
+                used, paired.c.rate_key == slots.c.rate_key, paired.c.slot == slots.c.slot
+            ),
         )
         .values(used_at=dialect.now())
         .returning(slots.c.slot)
@@ -186,3 +205,9 @@ def _statement(dialect: Claiming, worker: WorkerTable, limits: Limits, claim: An
         .add_cte(stamped)
         .order_by(picks.c.ord)
     )
+
+
+def _any(values: Select[Any], kind: Any) -> Any:
+    """``= ANY`` of the array ``values`` selects (an array, not a set: the parentheses
+    of a bare subquery would make it ANY of its rows)."""
+    return any_(cast(values.scalar_subquery(), ARRAY(kind)))
