@@ -39,6 +39,7 @@ worker never comes here: its claim is the dialect's own, unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,7 @@ from ..core.errors import ClaimContention
 from ..core.status import Phase
 from .claim_values import KEY_PARAM
 from .keyed_claim import claim_keyed, keyed_at_once
-from .rate_claim import claim_rated
+from .rate_claim import claim_rated, claim_searched
 from .rate_slots import Pick, stamp_claimed, stamp_params, stamp_slots, within_rate
 from .terms import Claim, Claims, Limits, Owner, WorkerTable
 
@@ -115,20 +116,13 @@ def claim_limited(
     if limit < 1:
         return Claims()
     if keyed_at_once(dialect, limits, eligible):
-        return claim_keyed(
-            dialect,
-            conn,
-            worker,
-            eligible,
-            limit,
-            lambda: _search_select(dialect, worker, limits, eligible, False),
-            lambda: _lock_and_claim(dialect, worker, limits, lease_seconds, owner),
-            ("keyed claim", worker.table, lease_seconds, owner),
-            _WINDOW,
-        )
+        search = functools.partial(_search_select, dialect, worker, limits, eligible, False)
+        claim = functools.partial(_lock_and_claim, dialect, worker, limits, lease_seconds, owner)
+        key = ("keyed claim", worker.table, lease_seconds, owner)
+        return claim_keyed(dialect, conn, worker, eligible, limit, search, claim, key, _WINDOW)
+    if limits.rate is not None and dialect.supports_stamp_in_claim:
+        return _claim_rated(dialect, conn, worker, limits, eligible, limit, lease_seconds, owner)
     picks = _search(dialect, conn, worker, limits, eligible, limit)
-    if limits.rate is not None and picks and dialect.supports_stamp_in_claim:
-        return _claim_rated(dialect, conn, worker, limits, picks, lease_seconds, owner)
     if limits.rate is not None and picks:
         picks = within_rate(dialect, conn, worker, limits, picks)
     if not picks:
@@ -319,30 +313,34 @@ def _claim_rated(
     conn: Connection,
     worker: WorkerTable,
     limits: Limits,
-    picks: list[Pick],
+    eligible: Select[Any],
+    limit: int,
     lease_seconds: float,
     owner: Owner,
 ) -> Claims:
-    """``picks`` claimed within the rate, their slots locked and stamped by the claim's
-    one statement (``rate_claim``); those of a key short of slots the long way, which
-    makes them."""
+    """A rated claim whose slots are locked and stamped by its claim's statement
+    (``rate_claim``), its search too where it can order the search's rows; picks of a
+    key short of slots go the long way, which makes them."""
+    from .open_first import order_terms  # open_first imports base, which imports this module
+
     unrated = dataclasses.replace(limits, rate=None)
-    claims, short, skipped = claim_rated(
-        dialect,
-        conn,
-        worker,
-        limits,
-        picks,
-        lambda: _lock_and_claim(dialect, worker, unrated, lease_seconds, owner),
-        ("rated claim", worker.table, lease_seconds, owner),
-    )
-    if short:
-        more = within_rate(dialect, conn, worker, limits, short)
-        if more:
-            late = _claim_at_once(dialect, conn, worker, limits, more, lease_seconds, owner)
-            skipped += late.skipped
-            order = {p.claim.source_id: i for i, p in enumerate(picks)}
-            claims = sorted([*claims, *late], key=lambda c: order[c.source_id])
+    key = ("rated claim", worker.table, lease_seconds, owner)
+    claim = functools.partial(_lock_and_claim, dialect, worker, unrated, lease_seconds, owner)
+    if order_terms(eligible) is not None:
+        search = functools.partial(_search_select, dialect, worker, limits, eligible, False)
+        got = claim_searched(
+            dialect, conn, worker, limits, eligible, limit, search, claim, key, _WINDOW
+        )
+    else:
+        picks = _search(dialect, conn, worker, limits, eligible, limit)
+        got = (
+            claim_rated(dialect, conn, worker, limits, picks, claim, key) if picks else ([], [], 0)
+        )
+    claims, short, skipped = got
+    more = within_rate(dialect, conn, worker, limits, short) if short else []
+    if more:
+        late = _claim_at_once(dialect, conn, worker, limits, more, lease_seconds, owner)
+        claims, skipped = [*claims, *late], skipped + late.skipped
     return Claims.of(claims, skipped)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+from typing import cast as typing_cast
 
 from sqlalchemy import (
     ARRAY,
@@ -28,6 +29,7 @@ from sqlalchemy import (
     cast,
     exists,
     func,
+    literal,
     or_,
     select,
     true,
@@ -43,9 +45,13 @@ from .rate_slots import WORKER_WIDE, Pick
 from .terms import Claim, Limits, WorkerTable
 
 if TYPE_CHECKING:
+    from .base import Dialect
     from .claiming import Claiming
 
 _IDS = "dbworker_rated_ids"
+_LIMIT = "dbworker_rated_limit"
+_CLAIM_WIDTH = 6  # len(claim_columns(table))
+_WORKING = Phase.WORKING.value
 _KEYS = "dbworker_rated_keys"
 _WORKER = "dbworker_rated_worker"
 
@@ -90,22 +96,123 @@ def claim_rated(
     return claims, short, skipped
 
 
-def _statement(dialect: Claiming, worker: WorkerTable, limits: Limits, claim: Any) -> Any:
+def claim_searched(
+    dialect: Claiming,
+    conn: Connection,
+    worker: WorkerTable,
+    limits: Limits,
+    eligible: Select[Any],
+    limit: int,
+    search: Callable[[], Select[Any]],
+    claim: Callable[[], Any],
+    key: tuple[Any, ...],
+    window: str,
+) -> tuple[list[Claim], list[Pick], int]:
+    """``claim_rated`` with the search in the same statement (its round trip saved):
+    ``search()`` is the limited search (LIMIT bound as ``window``); the first row of
+    each exclusive key (if the worker has one) in its order, up to ``limit``, are the
+    picks. Built once per eligible-query shape under ``key``."""
+    from .open_first import reuse  # open_first imports base, which imports us
+
+    def build() -> tuple[Any, str]:
+        return _statement(dialect, worker, limits, claim(), _listed(limits, search())), window
+
+    statement, params = reuse(typing_cast("Dialect", dialect), key, eligible, 0, build)
+    params.update({window: 2 * limit + 8, _LIMIT: limit, _WORKER: worker.name})
+    params.update(dialect._plan_params(conn))
+    try:
+        rows = conn.execute(statement, params).all()
+    except IntegrityError as exc:
+        raise ClaimContention(
+            f"a key of worker={worker.name} was just taken by another claim"
+        ) from exc
+    claims: list[Claim] = []
+    short: list[Pick] = []
+    skipped = 0
+    for source_id, slot, token, attempts, failures, crashes, *found in rows:
+        if token is not None:
+            claims.append(Claim(source_id, token, attempts, failures, crashes, _WORKING))
+            continue
+        extra = iter(found[_CLAIM_WIDTH:])
+        held = next(extra) if limits.keyed else None
+        rated = next(extra) if limits.rate_key is not None else WORKER_WIDE
+        if rated is not None and slot is None:
+            short.append(Pick(Claim(*found[:_CLAIM_WIDTH]), held, rated))
+        else:
+            skipped += 1
+    return claims, short, skipped
+
+
+def _listed(limits: Limits, search: Select[Any]) -> Select[Any]:
+    """The picks of ``search``: (id, rate_key, ord, then the search's own columns), the
+    first row of each exclusive key in the search's order, up to ``_LIMIT``."""
+    from .open_first import apply_modifiers, order_terms
+
+    terms = order_terms(search)
+    if terms is None:
+        raise TypeError("a one-statement rated claim needs a search it can order by")
+    labels = [element.label(f"dbworker_order_{i}") for i, (element, _) in enumerate(terms)]
+    found = search.add_columns(*labels).cte("dbworker_found").prefix_with("MATERIALIZED")
+    width = _CLAIM_WIDTH + limits.keyed + (limits.rate_key is not None)
+    columns = list(found.c)[:width]
+
+    def order(table: Any) -> list[Any]:
+        return [
+            apply_modifiers(table.c[f"dbworker_order_{i}"], modifiers)
+            for i, (_, modifiers) in enumerate(terms)
+        ]
+
+    source: Any = found
+    first: Any = true()
+    if limits.keyed:
+        held = columns[_CLAIM_WIDTH]
+        nth = func.row_number().over(partition_by=held, order_by=order(found))
+        source = select(*found.c, nth.label("dbworker_nth")).subquery("dbworker_ranked")
+        columns = list(source.c)[:width]
+        first = or_(source.c.dbworker_nth == 1, columns[_CLAIM_WIDTH].is_(None))
+    rated = literal(WORKER_WIDE) if limits.rate_key is None else columns[width - 1]
+    return (
+        select(
+            columns[0].label("id"),
+            cast(rated, String()).label("rate_key"),
+            func.row_number().over(order_by=order(source)).label("ord"),
+            *[column.label(f"dbworker_found_{i}") for i, column in enumerate(columns)],
+        )
+        .where(first)
+        .order_by(*order(source))
+        .limit(bindparam(_LIMIT, type_=Integer()))
+    )
+
+
+def _statement(
+    dialect: Claiming,
+    worker: WorkerTable,
+    limits: Limits,
+    claim: Any,
+    listed: Select[Any] | None = None,
+) -> Any:
+    """The one statement; ``listed``: the picks with their search's columns (else the
+    ``_IDS`` and ``_KEYS`` arrays')."""
     assert limits.slots is not None and limits.rate is not None
     slots, seconds = limits.slots, limits.rate.seconds
-    listed = (
-        func.unnest(
-            cast(bindparam(_IDS), ARRAY(worker.table.c.source_id.type)),
-            cast(bindparam(_KEYS), ARRAY(String())),
+    if listed is None:
+        source: Any = (
+            func.unnest(
+                cast(bindparam(_IDS), ARRAY(worker.table.c.source_id.type)),
+                cast(bindparam(_KEYS), ARRAY(String())),
+            )
+            .table_valued("id", "rate_key", with_ordinality="ord")
+            .render_derived(name="dbworker_listed")
         )
-        .table_valued("id", "rate_key", with_ordinality="ord")
-        .render_derived(name="dbworker_listed")
-    )
+    else:
+        source = listed.subquery("dbworker_listed")
+    extras = [column for column in source.c if column.key.startswith("dbworker_found_")]
     picks = select(
-        listed.c.id,
-        listed.c.rate_key,
-        listed.c.ord,
-        func.row_number().over(partition_by=listed.c.rate_key, order_by=listed.c.ord).label("n"),
+        source.c.id,
+        source.c.rate_key,
+        source.c.ord,
+        *extras,
+        func.row_number().over(partition_by=source.c.rate_key, order_by=source.c.ord).label("n"),
     ).cte("dbworker_picks")
     largest = (
         select(func.coalesce(func.max(slots.c.slot), -1))
@@ -195,8 +302,9 @@ def _statement(dialect: Claiming, worker: WorkerTable, limits: Limits, claim: An
         .cte("dbworker_stamped")
     )
     c = claimed.c
+    found = [picks.c[column.key] for column in extras]
     return (
-        select(picks.c.id, paired.c.slot, c.token, c.attempts, c.failures, c.crashes)
+        select(picks.c.id, paired.c.slot, c.token, c.attempts, c.failures, c.crashes, *found)
         .select_from(
             picks.outerjoin(paired, paired.c.id == picks.c.id).outerjoin(
                 claimed, c.source_id == picks.c.id
