@@ -26,6 +26,7 @@ from sqlalchemy import (
     and_,
     any_,
     bindparam,
+    case,
     cast,
     exists,
     func,
@@ -52,6 +53,8 @@ _IDS = "dbworker_rated_ids"
 _LIMIT = "dbworker_rated_limit"
 _CLAIM_WIDTH = 6  # len(claim_columns(table))
 _WORKING = Phase.WORKING.value
+#: Slots a key needs before its search for free ones starts at random.
+_SPREAD_FROM = 64
 _KEYS = "dbworker_rated_keys"
 _WORKER = "dbworker_rated_worker"
 
@@ -225,7 +228,10 @@ def _statement(
     # lie together: a search from slot 0 read past all of them (every claim read about
     # half the slots of a worker-wide rate). A search that finds too few sends its
     # picks the long way, which reads from slot 0.
-    start = cast(func.floor(func.random() * func.greatest(0, largest + 2 - wanted)), Integer())
+    # A key of few slots is read from slot 0: a random start there mostly left too few
+    # free slots after it, and every miss costs the long way's statements.
+    spread = cast(func.floor(func.random() * func.greatest(0, largest + 2 - wanted)), Integer())
+    start = case((largest < _SPREAD_FROM, 0), else_=spread)
     wants = (
         select(picks.c.rate_key, wanted.label("wanted"), start.label("start"))
         .where(picks.c.rate_key.is_not(None))
