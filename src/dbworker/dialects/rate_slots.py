@@ -18,7 +18,6 @@ from sqlalchemy import (
     bindparam,
     cast,
     func,
-    literal_column,
     or_,
     select,
     union_all,
@@ -132,17 +131,12 @@ def _lock_slots(
     assert limits.slots is not None and limits.rate is not None
     slots, seconds = limits.slots, limits.rate.seconds
     count = len(wanted)
-    stamp = stamps_on_lock(dialect, conn)
-    # SQLite's own row id: the stamping UPDATE finds each slot by it, a lookup (an
-    # UPDATE of (rate_key, slot) IN (...) scanned every slot of the worker).
-    rowid: Any = literal_column("rowid")
 
     def part(i: int) -> Any:
         # SKIP LOCKED: another coordinator's claim holds those slots until it ends.
         # (SQLAlchemy drops FOR UPDATE on SQLite, whose claim holds the write lock.)
         return (
-            select(*([rowid] if stamp else [slots.c.rate_key, slots.c.slot]))
-            .select_from(slots)
+            select(slots.c.rate_key, slots.c.slot)
             .where(
                 slots.c.worker == bindparam(_WORKER),
                 slots.c.rate_key == bindparam(f"{_RATE_KEY}_{i}"),
@@ -154,23 +148,12 @@ def _lock_slots(
 
     def build() -> Any:
         if count == 1:
-            found: Any = part(0)
-        else:
-            # Each part in a derived table: PostgreSQL refuses FOR UPDATE beside UNION.
-            parts = [part(i).subquery(f"dbworker_slots_{i}") for i in range(count)]
-            found = union_all(*[select(*p.c) for p in parts])
-        if not stamp:
-            return found
-        # One claimer at a time (SQLite's write lock) claims every record it got a slot
-        # for: the slots are stamped as they are taken, a statement less.
-        return (
-            update(slots)
-            .where(rowid.in_(select(*found.subquery().c)))
-            .values(used_at=dialect.now())
-            .returning(slots.c.rate_key, slots.c.slot)
-        )
+            return part(0)
+        # Each part in a derived table: PostgreSQL refuses FOR UPDATE beside UNION.
+        parts = [part(i).subquery(f"dbworker_slots_{i}") for i in range(count)]
+        return union_all(*[select(*p.c) for p in parts])
 
-    statement = dialect._built_once(("slot lock", worker.table, count, stamp), build)
+    statement = dialect._built_once(("slot lock", worker.table, count), build)
     params: dict[str, Any] = {_WORKER: worker.name}
     for i, (name, n) in enumerate(sorted(wanted.items())):
         params[f"{_RATE_KEY}_{i}"] = name
@@ -179,12 +162,6 @@ def _lock_slots(
     for name, slot in conn.execute(statement, params):
         got.setdefault(name, []).append(int(slot))
     return got
-
-
-def stamps_on_lock(dialect: Claiming, conn: Connection) -> bool:
-    """Whether a claim's slots are stamped as they are taken: where one claimer runs at a
-    time (it claims every record it took a slot for) and UPDATE has RETURNING."""
-    return not dialect.supports_concurrent_claims and bool(conn.dialect.update_returning)
 
 
 def _slot_count(slots: Table) -> Any:
@@ -206,8 +183,6 @@ def stamp_slots(
     its key, an index lookup (one UPDATE of (rate_key, slot) IN (...) scanned every
     slot of the worker on SQLite)."""
     assert limits.slots is not None
-    if stamps_on_lock(dialect, conn):
-        return  # as they were taken
     slots = limits.slots
     used = sorted((str(p.rate_key), p.slot) for p in picks if p.slot is not None)
     if not used:
