@@ -38,6 +38,10 @@ class Claiming(DialectInterface):
     #: Whether a statement that fails (a unique violation) leaves the transaction
     #: usable, the statement alone rolled back (MySQL), rather than lost (PostgreSQL).
     failed_statement_keeps_transaction: ClassVar[bool] = False
+    #: Whether limited claims run as data-modifying CTEs (PostgreSQL): an exclusive_by
+    #: claim's search and UPDATE in one statement, and a rated claim's slots locked and
+    #: stamped in its claim's statement, over the claim's RETURNING.
+    supports_stamp_in_claim: ClassVar[bool] = False
 
     def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         """SQL for ``core.transitions.Record.claimable``: CLAIM or TAKEOVER is legal now."""
@@ -164,6 +168,14 @@ class Claiming(DialectInterface):
         ``key`` no concurrent claim is about to take (None: no such guard; the claim
         meets such a race at the unique index)."""
         return None
+
+    def update_in_order(self, statement: Any, order: ColumnElement[Any]) -> Any:
+        """``statement`` (an UPDATE) writing its rows in ``order``, where the database
+        can be told (a claim that writes several keys takes their unique-index entries
+        in one order, so that two claims never wait for each other in a cycle). This
+        version leaves it unchanged: only a dialect with
+        ``failed_statement_keeps_transaction`` runs such a batch."""
+        return statement
 
     def stored_key(self, key: ColumnElement[str]) -> ColumnElement[str]:
         """SQL: how a key's text is stored in ``held_key`` and the rate slots (their

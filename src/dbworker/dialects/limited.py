@@ -31,12 +31,15 @@ keys compares like with like.
 
 Every statement is built once per worker and eligible-query shape (``reuse``); the
 search returns the records with their keys, read through the source's primary key.
-An unlimited worker never comes here: its claim is the dialect's own, unchanged.
+On PostgreSQL an ``exclusive_by`` claim is one statement (``keyed_claim``), and a rated
+one locks, claims and stamps in one after its search (``rate_claim``). An unlimited
+worker never comes here: its claim is the dialect's own, unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -50,6 +53,7 @@ from sqlalchemy import (
     String,
     Table,
     bindparam,
+    case,
     cast,
     exists,
     or_,
@@ -64,7 +68,9 @@ from sqlalchemy.sql.visitors import replacement_traverse
 from ..core.errors import ClaimContention
 from ..core.status import Phase
 from .claim_values import KEY_PARAM
-from .rate_slots import Pick, stamp_slots, within_rate
+from .keyed_claim import claim_keyed, keyed_at_once
+from .rate_claim import claim_rated, claim_searched
+from .rate_slots import Pick, stamp_claimed, stamp_params, stamp_slots, within_rate
 from .terms import Claim, Claims, Limits, Owner, WorkerTable
 
 if TYPE_CHECKING:
@@ -109,6 +115,13 @@ def claim_limited(
     assert limits is not None, "claim_limited is for workers with limits"
     if limit < 1:
         return Claims()
+    if keyed_at_once(dialect, limits, eligible):
+        search = functools.partial(_search_select, dialect, worker, limits, eligible, False)
+        claim = functools.partial(_lock_and_claim, dialect, worker, limits, lease_seconds, owner)
+        key = ("keyed claim", worker.table, lease_seconds, owner)
+        return claim_keyed(dialect, conn, worker, eligible, limit, search, claim, key, _WINDOW)
+    if limits.rate is not None and dialect.supports_stamp_in_claim:
+        return _claim_rated(dialect, conn, worker, limits, eligible, limit, lease_seconds, owner)
     picks = _search(dialect, conn, worker, limits, eligible, limit)
     if limits.rate is not None and picks:
         picks = within_rate(dialect, conn, worker, limits, picks)
@@ -201,29 +214,37 @@ def _search_statement(
     past the rows (``_SEEN``) and keys (``_TAKEN``) earlier rounds saw."""
 
     def build() -> tuple[Any, str]:
-        pk = worker.source_pk
-        key = _stored(dialect, limits.exclusive_key)
-        query = eligible if key is None else eligible.where(~is_busy(worker, key))
-        if later:
-            query = query.where(pk.not_in(bindparam(_SEEN, expanding=True)))
-            if key is not None:
-                # A NULL key is nobody's: NOT IN would drop it.
-                taken = key.not_in(bindparam(_TAKEN, expanding=True))
-                query = query.where(or_(key.is_(None), taken))
-        window = bindparam(_WINDOW, 1, type_=Integer())
-        search = dialect.candidates(worker, query, typing_cast(int, window), dialect.now())
-        keys = [_stored(dialect, e) for e in (limits.exclusive_key, limits.rate_key)]
-        lookups = [
-            _lookup(worker, search, k, f"dbworker_key_source_{i}")
-            for i, k in enumerate(keys)
-            if k is not None
-        ]
-        return dialect._plan_search(search.add_columns(*lookups)), _WINDOW
+        return _search_select(dialect, worker, limits, eligible, later), _WINDOW
 
     from .open_first import reuse  # open_first imports base, which imports this module
 
     key = ("limited search", worker.table, later)
     return reuse(typing_cast("Dialect", dialect), key, eligible, 0, build)
+
+
+def _search_select(
+    dialect: Claiming, worker: WorkerTable, limits: Limits, eligible: Select[Any], later: bool
+) -> Select[Any]:
+    """The search: the claim columns, then the exclusive key and the rate key (each if
+    the worker has it), LIMIT ``_WINDOW``."""
+    pk = worker.source_pk
+    key = _stored(dialect, limits.exclusive_key)
+    query = eligible if key is None else eligible.where(~is_busy(worker, key))
+    if later:
+        query = query.where(pk.not_in(bindparam(_SEEN, expanding=True)))
+        if key is not None:
+            # A NULL key is nobody's: NOT IN would drop it.
+            taken = key.not_in(bindparam(_TAKEN, expanding=True))
+            query = query.where(or_(key.is_(None), taken))
+    window = bindparam(_WINDOW, 1, type_=Integer())
+    search = dialect.candidates(worker, query, typing_cast(int, window), dialect.now())
+    keys = [_stored(dialect, e) for e in (limits.exclusive_key, limits.rate_key)]
+    lookups = [
+        _lookup(worker, search, k, f"dbworker_key_source_{i}")
+        for i, k in enumerate(keys)
+        if k is not None
+    ]
+    return dialect._plan_search(search.add_columns(*lookups))
 
 
 def _stored(dialect: Claiming, expression: ColumnElement[Any] | None) -> Any:
@@ -255,30 +276,72 @@ def _claim_at_once(
     lease_seconds: float,
     owner: Owner,
 ) -> Claims:
-    """Lock, guard and claim ``picks`` in one statement, then stamp their slots (where
-    ``supports_one_statement_claims``: PostgreSQL). The row lock skips rows other claims
-    hold and keys another claim's advisory guard holds (``key_guard``), so no claim
-    waits on held_key's unique index for another's uncommitted claim: the one UPDATE
-    needs no key order. A key taken by a claim that committed since the search still
-    fails at the unique index: ``ClaimContention``, as in ``_update``."""
+    """Lock, guard and claim ``picks`` in one statement (where
+    ``supports_one_statement_claims``), which also stamps their slots where
+    ``supports_stamp_in_claim`` (PostgreSQL; else they are stamped after it). The row
+    lock skips rows other claims hold and keys another claim's advisory guard holds
+    (``key_guard``), so no claim waits on held_key's unique index for another's
+    uncommitted claim: the one UPDATE needs no key order. A key taken by a claim that
+    committed since the search still fails at the unique index: ``ClaimContention``,
+    as in ``_update``."""
     table = worker.table
     statement = dialect._built_once(
         ("limited claim", table, lease_seconds, owner),
         lambda: _lock_and_claim(dialect, worker, limits, lease_seconds, owner),
     )
+    params: dict[str, Any] = {"ids": [p.claim.source_id for p in picks]}
+    stamped = limits.rate is not None and dialect.supports_stamp_in_claim
+    if stamped:
+        params.update(stamp_params(worker, picks))
     try:
-        rows = conn.execute(statement, {"ids": [p.claim.source_id for p in picks]}).all()
+        rows = conn.execute(statement, params).all()
     except IntegrityError as exc:
         raise ClaimContention(
             f"a key of worker={worker.name} was just taken by another claim"
         ) from exc
     got = {row[0]: row for row in rows}
     kept = [p for p in picks if p.claim.source_id in got]
-    if limits.rate is not None:
+    if limits.rate is not None and not stamped:
         stamp_slots(dialect, conn, worker, limits, kept)
     from .open_first import claimed  # open_first imports base, which imports this module
 
     return Claims.of(claimed(got[p.claim.source_id] for p in kept), len(picks) - len(kept))
+
+
+def _claim_rated(
+    dialect: Claiming,
+    conn: Connection,
+    worker: WorkerTable,
+    limits: Limits,
+    eligible: Select[Any],
+    limit: int,
+    lease_seconds: float,
+    owner: Owner,
+) -> Claims:
+    """A rated claim whose slots are locked and stamped by its claim's statement
+    (``rate_claim``), its search too where it can order the search's rows; picks of a
+    key short of slots go the long way, which makes them."""
+    from .open_first import order_terms  # open_first imports base, which imports this module
+
+    unrated = dataclasses.replace(limits, rate=None)
+    key = ("rated claim", worker.table, lease_seconds, owner)
+    claim = functools.partial(_lock_and_claim, dialect, worker, unrated, lease_seconds, owner)
+    if order_terms(eligible) is not None:
+        search = functools.partial(_search_select, dialect, worker, limits, eligible, False)
+        got = claim_searched(
+            dialect, conn, worker, limits, eligible, limit, search, claim, key, _WINDOW
+        )
+    else:
+        picks = _search(dialect, conn, worker, limits, eligible, limit)
+        got = (
+            claim_rated(dialect, conn, worker, limits, picks, claim, key) if picks else ([], [], 0)
+        )
+    claims, short, skipped = got
+    more = within_rate(dialect, conn, worker, limits, short) if short else []
+    if more:
+        late = _claim_at_once(dialect, conn, worker, limits, more, lease_seconds, owner)
+        claims, skipped = [*claims, *late], skipped + late.skipped
+    return Claims.of(claims, skipped)
 
 
 def _lock_and_claim(
@@ -302,12 +365,17 @@ def _lock_and_claim(
             ~exists().where(holder.c.held_key == current, holder.c.source_id != table.c.source_id)
         )
     c = table.c
-    return (
+    claim = (
         update(table)
         .where(c.source_id.in_(lock.scalar_subquery()))
         .ordered_values(*values)
         .returning(c.source_id, c.token, c.attempts, c.failures, c.crashes)
     )
+    if limits.rate is None or not dialect.supports_stamp_in_claim:
+        return claim
+    # The slots of the rows claimed are stamped by the same statement.
+    claimed = claim.cte("dbworker_claimed")
+    return select(*claimed.c).add_cte(stamp_claimed(dialect, worker, limits, claimed))
 
 
 def _with_key(value: Any, held: ColumnElement[Any]) -> Any:
@@ -329,10 +397,6 @@ def _row_lock(dialect: Claiming, worker: WorkerTable, limits: Limits) -> Any:
         return lock
     guard = dialect.key_guard(worker.name, _lookup(worker, lock, key, "dbworker_key_source"))
     return lock if guard is None else lock.where(guard)
-
-
-def _built(dialect: Claiming, key: tuple[Any, ...], build: Any) -> Any:
-    return dialect._built_once(key, build)
 
 
 def _update(
@@ -378,6 +442,20 @@ def _update(
                 f"a key of worker={worker.name} was just taken by another claim"
             ) from exc
         return {p.claim.source_id for p in picks}
+    if len(params) > 1:
+        # One statement for the batch (a round trip a record less), its rows written in
+        # key order as the loop below writes them; a key another claim took since the
+        # search fails it whole (the statement alone is rolled back): then one by one.
+        batch = dialect._built_once(
+            ("keyed batch", table, lease_seconds, owner, len(params)),
+            lambda: _keyed_batch(dialect, table, lease_seconds, owner, len(params)),
+        )
+        flat = {f"{k}_{i}": v for i, one in enumerate(params) for k, v in one.items()}
+        try:
+            conn.execute(batch, flat)
+            return {one[_ID_PARAM] for one in params}
+        except IntegrityError:
+            log.debug("a key of worker=%s was just taken; claiming one by one", worker.name)
     claimed: set[Any] = set()
     for one in params:
         try:
@@ -399,3 +477,21 @@ def _keyed_update(dialect: Claiming, table: Table, lease_seconds: float, owner: 
         .where(table.c.source_id == bindparam(_ID_PARAM))
         .ordered_values(*dialect._claim_values(table, lease_seconds, owner))
     )
+
+
+def _keyed_batch(
+    dialect: Claiming, table: Table, lease_seconds: float, owner: Owner, count: int
+) -> Any:
+    """The claim UPDATE of ``count`` records given in key order (``_ID_PARAM``_i with
+    ``KEY_PARAM``_i), each with its key, written in that order (``update_in_order``)."""
+    ids: list[BindParameter[Any]] = [bindparam(f"{_ID_PARAM}_{i}") for i in range(count)]
+    key = case(
+        *[
+            (table.c.source_id == ids[i], bindparam(f"{KEY_PARAM}_{i}", type_=String()))
+            for i in range(count)
+        ]
+    )
+    rank = case(*[(table.c.source_id == ids[i], i) for i in range(count)])
+    values = [(c, _with_key(v, key)) for c, v in dialect._claim_values(table, lease_seconds, owner)]
+    statement = update(table).where(table.c.source_id.in_(ids)).ordered_values(*values)
+    return dialect.update_in_order(statement, rank)

@@ -22,8 +22,12 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
-from sqlalchemy.sql.dml import Insert
-from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.base import SyntaxExtension
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.dml import Insert, Update
+from sqlalchemy.sql.elements import BindParameter, ClauseElement
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..core.limits import HELD_KEY_LENGTH, KEY_DIGEST_PREFIX
 from ..core.status import Phase
@@ -50,6 +54,26 @@ _STATEMENT_BINLOG = "dbworker_statement_binlog"
 def _mysql_code(error: BaseException) -> object:
     orig = getattr(error, "orig", None)
     return orig.args[0] if orig is not None and getattr(orig, "args", None) else None
+
+
+class _UpdateOrder(SyntaxExtension, ClauseElement):
+    """ORDER BY after an UPDATE's WHERE (MySQL's single-table UPDATE writes its rows in
+    that order; SQLAlchemy has no construct for it)."""
+
+    __visit_name__ = "dbworker_update_order"
+    inherit_cache = True
+    _traverse_internals = [("order", InternalTraversal.dp_clauseelement)]  # noqa: RUF012
+
+    def __init__(self, order: ColumnElement[Any]) -> None:
+        self.order = order
+
+    def apply_to_update(self, update_stmt: Update) -> None:
+        update_stmt.apply_syntax_extension_point(self.append_replacing_same_type, "post_criteria")
+
+
+@compiles(_UpdateOrder)
+def _compile_update_order(element: _UpdateOrder, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"ORDER BY {compiler.process(element.order, **kw)}"
 
 
 class MySQLDialect(Dialect):
@@ -219,6 +243,10 @@ class MySQLDialect(Dialect):
         for backend in self.backend_names:
             lock = lock.with_hint(table, "FORCE INDEX (PRIMARY)", dialect_name=backend)
         return lock
+
+    def update_in_order(self, statement: Any, order: ColumnElement[Any]) -> Any:
+        # A limited claim's batch takes held_key's unique-index entries in key order.
+        return statement.ext(_UpdateOrder(order))
 
     def stored_key(self, key: ColumnElement[str]) -> ColumnElement[str]:
         # Strict mode refuses a value longer than VARCHAR(n) (CHAR_LENGTH counts

@@ -99,6 +99,8 @@ class PostgreSQLDialect(Dialect):
     supports_notify: ClassVar[bool] = True
     # FOR UPDATE ... SKIP LOCKED inside a CTE that an UPDATE ... RETURNING reads.
     supports_one_statement_claims: ClassVar[bool] = True
+    # A data-modifying CTE reads the claim's RETURNING: its rate slots are stamped in it.
+    supports_stamp_in_claim: ClassVar[bool] = True
 
     def db_now(self) -> ColumnElement[float]:
         # clock_timestamp(), not now(): now() is frozen at transaction start, and a

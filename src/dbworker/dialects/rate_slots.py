@@ -8,7 +8,21 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Integer, Table, bindparam, func, select, update
+from sqlalchemy import (
+    ARRAY,
+    Connection,
+    Integer,
+    String,
+    Table,
+    and_,
+    bindparam,
+    cast,
+    func,
+    or_,
+    select,
+    union_all,
+    update,
+)
 
 from .terms import Claim, Limits, WorkerTable
 
@@ -22,6 +36,9 @@ _RATE_KEYS = "dbworker_rate_keys"
 _WANTED = "dbworker_wanted"
 _RATE_KEY = "dbworker_rate_key"
 _SLOT = "dbworker_slot"
+_PICK_IDS = "dbworker_pick_ids"
+_PICK_KEYS = "dbworker_pick_keys"
+_PICK_SLOTS = "dbworker_pick_slots"
 
 
 @dataclasses.dataclass(slots=True)
@@ -108,26 +125,39 @@ def _make_slots(
 def _lock_slots(
     dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, wanted: dict[str, int]
 ) -> dict[str, list[int]]:
+    """Lock up to ``wanted[key]`` free slots of each key: a part per key, each with its
+    own LIMIT (one search over all the keys would lock every free slot of each, rows
+    other coordinators' claims then skip, and read them all)."""
     assert limits.slots is not None and limits.rate is not None
     slots, seconds = limits.slots, limits.rate.seconds
-    one = len(wanted) == 1
+    count = len(wanted)
 
-    def build() -> Any:
-        query = select(slots.c.rate_key, slots.c.slot).where(
-            slots.c.worker == bindparam(_WORKER),
-            slots.c.rate_key.in_(bindparam(_RATE_KEYS, expanding=True)),
-            slots.c.used_at <= dialect.now() - seconds,
-        )
-        if one:  # lock no more slots than this claim can use
-            query = query.limit(bindparam(_WANTED, type_=Integer()))
+    def part(i: int) -> Any:
         # SKIP LOCKED: another coordinator's claim holds those slots until it ends.
         # (SQLAlchemy drops FOR UPDATE on SQLite, whose claim holds the write lock.)
-        return query.with_for_update(skip_locked=True)
+        return (
+            select(slots.c.rate_key, slots.c.slot)
+            .where(
+                slots.c.worker == bindparam(_WORKER),
+                slots.c.rate_key == bindparam(f"{_RATE_KEY}_{i}"),
+                slots.c.used_at <= dialect.now() - seconds,
+            )
+            .limit(bindparam(f"{_WANTED}_{i}", type_=Integer()))
+            .with_for_update(skip_locked=True)
+        )
 
-    statement = dialect._built_once(("slot lock", worker.table, one), build)
-    params: dict[str, Any] = {_WORKER: worker.name, _RATE_KEYS: sorted(wanted)}
-    if one:
-        params[_WANTED] = next(iter(wanted.values()))
+    def build() -> Any:
+        if count == 1:
+            return part(0)
+        # Each part in a derived table: PostgreSQL refuses FOR UPDATE beside UNION.
+        parts = [part(i).subquery(f"dbworker_slots_{i}") for i in range(count)]
+        return union_all(*[select(*p.c) for p in parts])
+
+    statement = dialect._built_once(("slot lock", worker.table, count), build)
+    params: dict[str, Any] = {_WORKER: worker.name}
+    for i, (name, n) in enumerate(sorted(wanted.items())):
+        params[f"{_RATE_KEY}_{i}"] = name
+        params[f"{_WANTED}_{i}"] = n
     got: dict[str, list[int]] = {}
     for name, slot in conn.execute(statement, params):
         got.setdefault(name, []).append(int(slot))
@@ -148,28 +178,88 @@ def _slot_count(slots: Table) -> Any:
 def stamp_slots(
     dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, picks: list[Pick]
 ) -> None:
-    """Stamp the slot of each claimed pick with the database's time: a statement a slot,
-    each an index lookup (one UPDATE of (rate_key, slot) IN (...) scanned every slot of
-    the worker on SQLite)."""
+    """Stamp the slot of each claimed pick with the database's time, in one statement
+    (a round trip, where an executemany is one a slot on some drivers): each slot by
+    its key, an index lookup (one UPDATE of (rate_key, slot) IN (...) scanned every
+    slot of the worker on SQLite)."""
     assert limits.slots is not None
     slots = limits.slots
-    params = [
-        {_WORKER: worker.name, _RATE_KEY: p.rate_key, _SLOT: p.slot}
-        for p in picks
-        if p.slot is not None
-    ]
-    if not params:
+    used = sorted((str(p.rate_key), p.slot) for p in picks if p.slot is not None)
+    if not used:
         return
+    keys = sorted({k for k, _ in used})
+    params: dict[str, Any] = {_WORKER: worker.name}
+    if len(keys) == 1:
+        shape: Any = ("one key",)
+        params[_RATE_KEY] = keys[0]
+        params[_SLOT] = [slot for _, slot in used]
+    else:
+        shape = len(used)
+        for i, (key, slot) in enumerate(used):
+            params[f"{_RATE_KEY}_{i}"] = key
+            params[f"{_SLOT}_{i}"] = slot
 
     def build() -> Any:
+        if shape == ("one key",):
+            which: Any = and_(
+                slots.c.rate_key == bindparam(_RATE_KEY),
+                slots.c.slot.in_(bindparam(_SLOT, expanding=True)),
+            )
+        else:
+            which = or_(
+                *[
+                    and_(
+                        slots.c.rate_key == bindparam(f"{_RATE_KEY}_{i}"),
+                        slots.c.slot == bindparam(f"{_SLOT}_{i}"),
+                    )
+                    for i in range(shape)
+                ]
+            )
         return (
             update(slots)
-            .where(
-                slots.c.worker == bindparam(_WORKER),
-                slots.c.rate_key == bindparam(_RATE_KEY),
-                slots.c.slot == bindparam(_SLOT),
-            )
+            .where(slots.c.worker == bindparam(_WORKER), which)
             .values(used_at=dialect.now())
         )
 
-    conn.execute(dialect._built_once(("slot stamp", worker.table), build), params)
+    conn.execute(dialect._built_once(("slot stamp", worker.table, shape), build), params)
+
+
+def stamp_claimed(dialect: Claiming, worker: WorkerTable, limits: Limits, claimed: Any) -> Any:
+    """A data-modifying CTE for a claim that is one statement (PostgreSQL): stamp the
+    slots of the picks (``stamp_params``) whose records ``claimed``, the claim's own
+    RETURNING as a CTE, returned; exactly the claimed ones', in the claim's statement
+    (a round trip less than ``stamp_slots`` after it)."""
+    assert limits.slots is not None
+    slots = limits.slots
+    picked = (
+        func.unnest(
+            cast(bindparam(_PICK_IDS), ARRAY(worker.table.c.source_id.type)),
+            cast(bindparam(_PICK_KEYS), ARRAY(String())),
+            cast(bindparam(_PICK_SLOTS), ARRAY(Integer())),
+        )
+        .table_valued("id", "rate_key", "slot")
+        .render_derived(name="dbworker_picked")
+    )
+    return (
+        update(slots)
+        .where(
+            slots.c.worker == bindparam(_WORKER),
+            slots.c.rate_key == picked.c.rate_key,
+            slots.c.slot == picked.c.slot,
+            picked.c.id.in_(select(claimed.c.source_id)),
+        )
+        .values(used_at=dialect.now())
+        .returning(slots.c.slot)
+        .cte("dbworker_stamped")
+    )
+
+
+def stamp_params(worker: WorkerTable, picks: list[Pick]) -> dict[str, Any]:
+    """The parameters of ``stamp_claimed``: each pick's record, rate key and slot."""
+    rated = [p for p in picks if p.slot is not None]
+    return {
+        _WORKER: worker.name,
+        _PICK_IDS: [p.claim.source_id for p in rated],
+        _PICK_KEYS: [str(p.rate_key) for p in rated],
+        _PICK_SLOTS: [p.slot for p in rated],
+    }

@@ -79,8 +79,9 @@ def check_racing_claims_of_one_key(make_dialect: DialectFactory, url: str) -> No
             conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool
         ) -> None:
             # B searched while A's claim was uncommitted (item 3 of A's group looked
-            # free); A commits just before B writes its claim.
-            if a_tx.is_active and statement.lstrip().startswith(f"UPDATE {table_name} "):
+            # free); A commits just before B writes its claim (a claim whose search and
+            # UPDATE are one statement, a CTE's, sees A's claim committed).
+            if a_tx.is_active and f"UPDATE {table_name} " in statement:
                 a_tx.commit()
 
         event.listen(b, "before_cursor_execute", commit_a_first)
