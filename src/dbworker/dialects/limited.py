@@ -442,14 +442,16 @@ def _update(
                 f"a key of worker={worker.name} was just taken by another claim"
             ) from exc
         return {p.claim.source_id for p in picks}
+    batch = None
     if len(params) > 1:
         # One statement for the batch (a round trip a record less), its rows written in
-        # key order as the loop below writes them; a key another claim took since the
-        # search fails it whole (the statement alone is rolled back): then one by one.
+        # key order as the loop below writes them (None: the order cannot be told); a key
+        # another claim took since the search fails it whole, then one by one.
         batch = dialect._built_once(
             ("keyed batch", table, lease_seconds, owner, len(params)),
             lambda: _keyed_batch(dialect, table, lease_seconds, owner, len(params)),
         )
+    if batch is not None:
         flat = {f"{k}_{i}": v for i, one in enumerate(params) for k, v in one.items()}
         try:
             conn.execute(batch, flat)

@@ -23,11 +23,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.base import SyntaxExtension
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.elements import BindParameter, ClauseElement
 from sqlalchemy.sql.visitors import InternalTraversal
+
+try:
+    from sqlalchemy.sql.base import SyntaxExtension
+except ImportError:  # SQLAlchemy 2.0: no UPDATE ... ORDER BY, so keyed claims go one by one
+    SyntaxExtension = None  # type: ignore[assignment,misc]
 
 from ..core.limits import HELD_KEY_LENGTH, KEY_DIGEST_PREFIX
 from ..core.status import Phase
@@ -56,7 +60,7 @@ def _mysql_code(error: BaseException) -> object:
     return orig.args[0] if orig is not None and getattr(orig, "args", None) else None
 
 
-class _UpdateOrder(SyntaxExtension, ClauseElement):
+class _UpdateOrder(*((SyntaxExtension,) if SyntaxExtension else ()), ClauseElement):  # type: ignore[misc]
     """ORDER BY after an UPDATE's WHERE (MySQL's single-table UPDATE writes its rows in
     that order; SQLAlchemy has no construct for it)."""
 
@@ -246,7 +250,7 @@ class MySQLDialect(Dialect):
 
     def update_in_order(self, statement: Any, order: ColumnElement[Any]) -> Any:
         # A limited claim's batch takes held_key's unique-index entries in key order.
-        return statement.ext(_UpdateOrder(order))
+        return None if SyntaxExtension is None else statement.ext(_UpdateOrder(order))
 
     def stored_key(self, key: ColumnElement[str]) -> ColumnElement[str]:
         # Strict mode refuses a value longer than VARCHAR(n) (CHAR_LENGTH counts
