@@ -172,9 +172,10 @@ class Claiming(DialectInterface):
     def update_in_order(self, statement: Any, order: ColumnElement[Any]) -> Any:
         """``statement`` (an UPDATE) writing its rows in ``order``, where the database
         can be told (a claim that writes several keys takes their unique-index entries
-        in one order, so that two claims never wait for each other in a cycle). This
-        version leaves it unchanged: only a dialect with
-        ``failed_statement_keeps_transaction`` runs such a batch."""
+        in one order, so that two claims never wait for each other in a cycle), or None
+        where it cannot be told (then the claim writes them one by one). This version
+        leaves it unchanged: only a dialect with ``failed_statement_keeps_transaction``
+        runs such a batch."""
         return statement
 
     def stored_key(self, key: ColumnElement[str]) -> ColumnElement[str]:

@@ -17,12 +17,10 @@ from typing import TYPE_CHECKING, Any
 from typing import cast as typing_cast
 
 from sqlalchemy import Connection, Integer, Select, bindparam, func, or_, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.visitors import replacement_traverse
 
-from ..core.errors import ClaimContention
-from .terms import Claims, Limits, WorkerTable
+from .terms import Claims, Limits, WorkerTable, keyed_rows
 
 if TYPE_CHECKING:
     from .base import Dialect
@@ -70,12 +68,7 @@ def claim_keyed(
     params[window] = 2 * limit + 8
     params[_LIMIT] = limit
     params.update(dialect._plan_params(conn))
-    try:
-        rows = conn.execute(statement, params).all()
-    except IntegrityError as exc:
-        raise ClaimContention(
-            f"a key of worker={worker.name} was just taken by another claim"
-        ) from exc
+    rows = keyed_rows(conn, statement, params, worker.name)
     taken = [row for row in rows if row[1] is not None]
     return Claims.of(claimed(taken), len(rows) - len(taken))
 

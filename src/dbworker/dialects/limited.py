@@ -71,7 +71,7 @@ from .claim_values import KEY_PARAM
 from .keyed_claim import claim_keyed, keyed_at_once
 from .rate_claim import claim_rated, claim_searched
 from .rate_slots import Pick, stamp_claimed, stamp_params, stamp_slots, within_rate
-from .terms import Claim, Claims, Limits, Owner, WorkerTable
+from .terms import Claim, Claims, Limits, Owner, WorkerTable, keyed_rows
 
 if TYPE_CHECKING:
     from .base import Dialect
@@ -293,12 +293,7 @@ def _claim_at_once(
     stamped = limits.rate is not None and dialect.supports_stamp_in_claim
     if stamped:
         params.update(stamp_params(worker, picks))
-    try:
-        rows = conn.execute(statement, params).all()
-    except IntegrityError as exc:
-        raise ClaimContention(
-            f"a key of worker={worker.name} was just taken by another claim"
-        ) from exc
+    rows = keyed_rows(conn, statement, params, worker.name)
     got = {row[0]: row for row in rows}
     kept = [p for p in picks if p.claim.source_id in got]
     if limits.rate is not None and not stamped:

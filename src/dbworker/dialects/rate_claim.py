@@ -36,14 +36,12 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import BinaryExpression, BindParameter
 from sqlalchemy.sql.visitors import replacement_traverse
 
-from ..core.errors import ClaimContention
 from ..core.status import Phase
 from .rate_slots import WORKER_WIDE, Pick
-from .terms import Claim, Limits, WorkerTable
+from .terms import Claim, Limits, WorkerTable, keyed_rows
 
 if TYPE_CHECKING:
     from .base import Dialect
@@ -77,12 +75,7 @@ def claim_rated(
         WORKER_WIDE if limits.rate_key is None else p.rate_key and str(p.rate_key) for p in picks
     ]
     params = {_IDS: [p.claim.source_id for p in picks], _KEYS: keys, _WORKER: worker.name}
-    try:
-        rows = conn.execute(statement, params).all()
-    except IntegrityError as exc:
-        raise ClaimContention(
-            f"a key of worker={worker.name} was just taken by another claim"
-        ) from exc
+    rows = keyed_rows(conn, statement, params, worker.name)
     by_id = {row[0]: row for row in rows}
     claims: list[Claim] = []
     short: list[Pick] = []
@@ -123,12 +116,7 @@ def claim_searched(
     statement, params = reuse(typing_cast("Dialect", dialect), key, eligible, 0, build)
     params.update({window: 2 * limit + 8, _LIMIT: limit, _WORKER: worker.name})
     params.update(dialect._plan_params(conn))
-    try:
-        rows = conn.execute(statement, params).all()
-    except IntegrityError as exc:
-        raise ClaimContention(
-            f"a key of worker={worker.name} was just taken by another claim"
-        ) from exc
+    rows = keyed_rows(conn, statement, params, worker.name)
     claims: list[Claim] = []
     short: list[Pick] = []
     skipped = 0

@@ -10,8 +10,10 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, Table, literal_column
+from sqlalchemy import ColumnElement, Connection, Select, Table, literal_column
+from sqlalchemy.exc import IntegrityError
 
+from ..core.errors import ClaimContention
 from ..core.limits import Rate
 from ..core.status import Phase
 
@@ -134,3 +136,13 @@ def epoch_to_datetime(value: float | None) -> dt.datetime | None:
     if value is None:
         return None
     return dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
+
+
+def keyed_rows(conn: Connection, statement: Any, params: Any, worker: str) -> list[Any]:
+    """``statement``'s rows: a claim that writes held keys, where a key another claim
+    took since the search fails at the unique index and loses the transaction
+    (PostgreSQL): ``ClaimContention``, and the loop claims again in a moment."""
+    try:
+        return list(conn.execute(statement, params).all())
+    except IntegrityError as exc:
+        raise ClaimContention(f"a key of worker={worker} was just taken by another claim") from exc
