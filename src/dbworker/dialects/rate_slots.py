@@ -200,26 +200,27 @@ def stamp_slots(
             params[f"{_SLOT}_{i}"] = slot
 
     def build() -> Any:
+        worker_is = slots.c.worker == bindparam(_WORKER)
         if shape == ("one key",):
             which: Any = and_(
+                worker_is,
                 slots.c.rate_key == bindparam(_RATE_KEY),
                 slots.c.slot.in_(bindparam(_SLOT, expanding=True)),
             )
         else:
+            # The worker in every term, not beside the OR: SQLite then looks each slot up
+            # by its whole primary key (4 ms for 34 slots scanning the worker's, 32 µs).
             which = or_(
                 *[
                     and_(
+                        worker_is,
                         slots.c.rate_key == bindparam(f"{_RATE_KEY}_{i}"),
                         slots.c.slot == bindparam(f"{_SLOT}_{i}"),
                     )
                     for i in range(shape)
                 ]
             )
-        return (
-            update(slots)
-            .where(slots.c.worker == bindparam(_WORKER), which)
-            .values(used_at=dialect.now())
-        )
+        return update(slots).where(which).values(used_at=dialect.now())
 
     conn.execute(dialect._built_once(("slot stamp", worker.table, shape), build), params)
 
