@@ -152,12 +152,15 @@ def add_dialects_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def new_report(benchmark: str, argv: Sequence[str] | None) -> dict[str, Any]:
-    """A result file's header: which benchmark, run how, when, on what."""
+def new_report(
+    benchmark: str, argv: Sequence[str] | None, module: str | None = None
+) -> dict[str, Any]:
+    """A result file's header: which benchmark, run how (``module``: the module run, when
+    it is not named as the benchmark), when, on what."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     return {
         "benchmark": benchmark,
-        "command": " ".join([f"python -m benchmarks.{benchmark}", *arguments]),
+        "command": " ".join([f"python -m benchmarks.{module or benchmark}", *arguments]),
         "started_at": now_iso(),
         "machine": machine_info(),
     }

@@ -162,7 +162,7 @@ def e2e_run(
 
 
 def main_e2e(args: argparse.Namespace, argv: list[str] | None) -> int:
-    report = new_report("limits_cost_e2e", argv)
+    report = new_report("limits_cost_e2e", argv, "limits_cost")
     report["settings"] = {
         "items": args.items,
         "warmup": args.warmup,

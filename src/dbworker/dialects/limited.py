@@ -115,7 +115,7 @@ def claim_limited(
     assert limits is not None, "claim_limited is for workers with limits"
     if limit < 1:
         return Claims()
-    if keyed_at_once(dialect, limits, eligible):
+    if keyed_at_once(dialect, worker, limits, eligible):
         search = functools.partial(_search_select, dialect, worker, limits, eligible, False)
         claim = functools.partial(_lock_and_claim, dialect, worker, limits, lease_seconds, owner)
         key = ("keyed claim", worker.table, lease_seconds, owner)
