@@ -155,13 +155,36 @@ def first_row(
     # All of them: an unfinished statement would keep its cursor (and, on SQLite, its
     # read) open until the next one.
     rows = cursor.fetchall()
+    return _converted(conn, statement, cursor, rows[:1])[0] if rows else None
+
+
+def all_rows(
+    conn: Connection, statement: DriverStatement, params: Mapping[str, Any]
+) -> list[tuple[Any, ...]]:
+    """Run the SELECT ``statement`` on ``conn``'s driver connection, in its transaction;
+    every row, as SQLAlchemy would give it."""
+    cursor = _execute(conn, statement, params)
+    if cursor is None:
+        return [tuple(row) for row in conn.execute(statement.statement, params)]
+    return _converted(conn, statement, cursor, cursor.fetchall())
+
+
+def _converted(
+    conn: Connection, statement: DriverStatement, cursor: Any, rows: list[Any]
+) -> list[tuple[Any, ...]]:
+    """``rows`` with each value through its column type's result processor."""
     if not rows:
-        return None
+        return []
     processors = statement.result_processors(conn.dialect, cursor.description)
-    return tuple(
-        value if process is None else process(value)
-        for value, process in zip(rows[0], processors, strict=True)
-    )
+    if not any(processors):
+        return [tuple(row) for row in rows]
+    return [
+        tuple(
+            value if process is None else process(value)
+            for value, process in zip(row, processors, strict=True)
+        )
+        for row in rows
+    ]
 
 
 def run_plain(conn: Connection, sql: str) -> None:

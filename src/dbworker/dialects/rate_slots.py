@@ -6,6 +6,7 @@ stamps the slots of the rows it claimed in its own transaction."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -18,12 +19,14 @@ from sqlalchemy import (
     bindparam,
     cast,
     func,
+    literal,
     or_,
     select,
     union_all,
     update,
 )
 
+from .driver_cursor import all_rows, rowcount
 from .terms import Claim, Limits, WorkerTable
 
 if TYPE_CHECKING:
@@ -36,6 +39,7 @@ _RATE_KEYS = "dbworker_rate_keys"
 _WANTED = "dbworker_wanted"
 _RATE_KEY = "dbworker_rate_key"
 _SLOT = "dbworker_slot"
+_START = "dbworker_start"
 _PICK_IDS = "dbworker_pick_ids"
 _PICK_KEYS = "dbworker_pick_keys"
 _PICK_SLOTS = "dbworker_pick_slots"
@@ -127,41 +131,74 @@ def _lock_slots(
 ) -> dict[str, list[int]]:
     """Lock up to ``wanted[key]`` free slots of each key: a part per key, each with its
     own LIMIT (one search over all the keys would lock every free slot of each, rows
-    other coordinators' claims then skip, and read them all)."""
+    other coordinators' claims then skip, and read them all).
+
+    Where one claimer runs at a time (SQLite), each key's slots are read from a random
+    start and then round from slot 0: read from slot 0 every time, a claim passed all the
+    slots used within the window, which lie together at the start (about 0.4 ms of a
+    claim of 16 keys, under the write lock)."""
     assert limits.slots is not None and limits.rate is not None
     slots, seconds = limits.slots, limits.rate.seconds
     count = len(wanted)
+    spread = not dialect.supports_concurrent_claims
 
-    def part(i: int) -> Any:
+    def part(i: int, side: int) -> Any:
         # SKIP LOCKED: another coordinator's claim holds those slots until it ends.
         # (SQLAlchemy drops FOR UPDATE on SQLite, whose claim holds the write lock.)
+        start = bindparam(f"{_START}_{i}", type_=Integer())
+        where = [] if not spread else [slots.c.slot >= start if side == 0 else slots.c.slot < start]
         return (
-            select(slots.c.rate_key, slots.c.slot)
+            select(slots.c.rate_key, slots.c.slot, literal(side, Integer()).label("side"))
             .where(
                 slots.c.worker == bindparam(_WORKER),
                 slots.c.rate_key == bindparam(f"{_RATE_KEY}_{i}"),
                 slots.c.used_at <= dialect.now() - seconds,
+                *where,
             )
+            .order_by(slots.c.slot)
             .limit(bindparam(f"{_WANTED}_{i}", type_=Integer()))
             .with_for_update(skip_locked=True)
         )
 
     def build() -> Any:
-        if count == 1:
-            return part(0)
+        every = [part(i, side) for i in range(count) for side in ((0, 1) if spread else (0,))]
+        if len(every) == 1:
+            return every[0]
         # Each part in a derived table: PostgreSQL refuses FOR UPDATE beside UNION.
-        parts = [part(i).subquery(f"dbworker_slots_{i}") for i in range(count)]
+        parts = [p.subquery(f"dbworker_slots_{n}") for n, p in enumerate(every)]
         return union_all(*[select(*p.c) for p in parts])
 
-    statement = dialect._built_once(("slot lock", worker.table, count), build)
+    built_as = ("slot lock", worker.table, count)
+    statement = dialect._built_once(built_as, build)
+    highest: dict[tuple[str, str], int] = dialect._built_once(("slot highs", worker.table), dict)
     params: dict[str, Any] = {_WORKER: worker.name}
     for i, (name, n) in enumerate(sorted(wanted.items())):
         params[f"{_RATE_KEY}_{i}"] = name
         params[f"{_WANTED}_{i}"] = n
+        if spread:
+            top = highest.get((worker.name, name), 0)
+            params[f"{_START}_{i}"] = random.randrange(max(1, top + 2 - n))
+    rows = sorted(_rows(dialect, conn, built_as, statement, params), key=lambda r: (r[2], r[1]))
     got: dict[str, list[int]] = {}
-    for name, slot in conn.execute(statement, params):
-        got.setdefault(name, []).append(int(slot))
+    for name, slot, _ in rows:
+        taken = got.setdefault(name, [])
+        if len(taken) < wanted[name]:
+            taken.append(int(slot))
+            if spread and slot > highest.get((worker.name, name), -1):
+                highest[(worker.name, name)] = int(slot)
     return got
+
+
+def _rows(
+    dialect: Claiming, conn: Connection, key: Any, statement: Any, params: dict[str, Any]
+) -> list[tuple[Any, ...]]:
+    """``statement``'s rows, on the driver's cursor where it has a form of its own: a lock
+    of 16 keys' slots, through SQLAlchemy's execution, was about 40% of a SQLite claim's
+    time under the write lock (its SQL included)."""
+    driver = None if dialect.clock is not None else dialect._driver_forms.get(conn, key, statement)
+    if driver is None:
+        return [tuple(row) for row in conn.execute(statement, params)]
+    return all_rows(conn, driver, params)
 
 
 def _slot_count(slots: Table) -> Any:
@@ -222,7 +259,14 @@ def stamp_slots(
             )
         return update(slots).where(which).values(used_at=dialect.now())
 
-    conn.execute(dialect._built_once(("slot stamp", worker.table, shape), build), params)
+    built_as = ("slot stamp", worker.table, shape)
+    statement = dialect._built_once(built_as, build)
+    forms = dialect._driver_forms
+    driver = None if dialect.clock is not None else forms.get(conn, built_as, statement)
+    if driver is None:  # the one-key form's IN list expands at execution
+        conn.execute(statement, params)
+    else:
+        rowcount(conn, driver, params)
 
 
 def stamp_claimed(dialect: Claiming, worker: WorkerTable, limits: Limits, claimed: Any) -> Any:
