@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import exc as sa_exc
 
 from dbworker import Coordinator, ExecutionStatus, RetryPolicy
+from dbworker.executors.prefetch import PREFETCH_HORIZON_SECONDS
 
 from . import app
 from .servers import PrivateServer
@@ -58,6 +59,9 @@ def test_database_restart_with_handlers_in_flight(
         warm = s.add_jobs(range(1, 5), app.QUICK)
         coordinator.start()
         s.wait_for_status(coordinator, WORKER, warm, ExecutionStatus.FINISHED)
+        # Past the prefetch horizon: a poll that found the jobs below within it of the
+        # warm-up's last result would send queued jobs into the HOLD handlers' pipes.
+        time.sleep(4 * PREFETCH_HORIZON_SECONDS)
 
         # In flight across the outage: HOLD handlers keep their transaction (with the
         # effect flushed) open; RELEASE handlers hold no connection while they wait.
