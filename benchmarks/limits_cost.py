@@ -88,8 +88,10 @@ def one_run(url: str, config: str, items: int, batch: int, round_no: int) -> flo
     dialect = coordinator._dialect
     run_engine = coordination_engine(sa.make_url(url), dialect, {})
     owner = Owner.current()
-    with run_engine.begin() as conn:
-        dialect.discover(conn, worker.table)
+    found = True
+    while found:  # a discovery round reads at most ``discovery_batch`` rows
+        with run_engine.begin() as conn:
+            found = dialect.discover(conn, worker.table) > 0
     done = 0
     started = time.perf_counter()
     while done < items:

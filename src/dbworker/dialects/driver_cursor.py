@@ -40,6 +40,10 @@ class DriverStatement:
     #: The values of the parameters the statement carries itself.
     fixed: Mapping[str, Any]
     processors: Mapping[str, Callable[[Any], Any]]
+    #: The compiled name of each parameter given by its key where the two differ (an
+    #: anonymous parameter: a statement built once from an eligible query, run with
+    #: each query's values, as SQLAlchemy's own execution maps them).
+    renames: Mapping[str, str] = field(default_factory=dict)
     #: The result processors of a SELECT's columns, by the driver's column types.
     _results: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict, compare=False)
 
@@ -70,7 +74,8 @@ class DriverStatement:
             if processor is not None:
                 processors[name] = processor
         order = tuple(compiled.positiontup or ()) if compiled.positional else None
-        return cls(statement, compiled.string, order, fixed, processors)
+        renames = {b.key: name for name, b in compiled.binds.items() if b.key != name}
+        return cls(statement, compiled.string, order, fixed, processors, renames)
 
     def result_processors(self, dialect: SADialect, description: Any) -> tuple[Any, ...]:
         """Each selected column's result processor (or None), as SQLAlchemy's result
@@ -78,7 +83,8 @@ class DriverStatement:
         driver_types = tuple(column[1] for column in description)
         processors = self._results.get(driver_types)
         if processors is None:
-            columns = self.statement.selected_columns  # type: ignore[attr-defined]
+            # A SELECT's columns, or an UPDATE's RETURNING.
+            columns = self.statement.exported_columns  # type: ignore[attr-defined]
             processors = tuple(
                 column.type.dialect_impl(dialect).result_processor(dialect, driver_type)
                 for column, driver_type in zip(columns, driver_types, strict=True)
@@ -87,7 +93,13 @@ class DriverStatement:
         return processors
 
     def parameters(self, params: Mapping[str, Any]) -> Any:
-        values = {**self.fixed, **params}
+        renames = self.renames
+        if renames:
+            values = dict(self.fixed)
+            for key, value in params.items():
+                values[renames.get(key, key)] = value
+        else:
+            values = {**self.fixed, **params}
         for name, processor in self.processors.items():
             values[name] = processor(values[name])
         if self.order is None:

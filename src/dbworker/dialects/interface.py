@@ -42,8 +42,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import Insert
 
-from .driver_cursor import DriverForms
+from .driver_cursor import DriverForms, all_rows
 from .liveness import ping_when_idle
+from .rate_slots import RateState
 from .terms import Clock
 
 #: Host names that mean this machine.
@@ -98,6 +99,8 @@ class DialectInterface(ABC):
         self._built: dict[tuple[Any, ...], Any] = {}
         #: Built-once statements compiled for a driver, per key and SQLAlchemy dialect.
         self._driver_forms = DriverForms()
+        #: Rate slots seen, where one claimer runs at a time (``rate_slots``).
+        self._rate_state = RateState()
 
     # -- time ----------------------------------------------------------------------
 
@@ -127,6 +130,18 @@ class DialectInterface(ABC):
         if built is None:
             built = self._built[key] = build()
         return built
+
+    def _rows_of(
+        self, conn: Connection, key: Any, statement: Any, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        """``statement``'s rows (a built-once statement, kept under ``key``), on the
+        driver's cursor where it has a form of its own: around a claim's statements,
+        SQLAlchemy's execution costs about as much as SQLite's work (a lock of 16 keys'
+        slots: 40% of a claim's time under the write lock, its SQL included)."""
+        driver = None if self.clock is not None else self._driver_forms.get(conn, key, statement)
+        if driver is None:
+            return [tuple(row) for row in conn.execute(statement, params)]
+        return all_rows(conn, driver, params)
 
     # -- writing -------------------------------------------------------------------
 

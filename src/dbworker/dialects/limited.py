@@ -32,7 +32,8 @@ keys compares like with like.
 Every statement is built once per worker and eligible-query shape (``reuse``); the
 search returns the records with their keys, read through the source's primary key.
 On PostgreSQL an ``exclusive_by`` claim is one statement (``keyed_claim``), and a rated
-one locks, claims and stamps in one after its search (``rate_claim``). An unlimited
+one locks, claims and stamps in one after its search (``rate_claim``); on SQLite a
+rated claim claims and then stamps (``rate_alone``), where it can. An unlimited
 worker never comes here: its claim is the dialect's own, unchanged.
 """
 
@@ -54,7 +55,6 @@ from sqlalchemy import (
     Table,
     bindparam,
     case,
-    cast,
     exists,
     or_,
     select,
@@ -62,13 +62,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import BindParameter
-from sqlalchemy.sql.util import ClauseAdapter
 from sqlalchemy.sql.visitors import replacement_traverse
 
 from ..core.errors import ClaimContention
 from ..core.status import Phase
 from .claim_values import KEY_PARAM
 from .keyed_claim import claim_keyed, keyed_at_once
+from .limit_keys import is_busy, lookup, stored
+from .rate_alone import claim_rated_alone, rated_alone
 from .rate_claim import claim_rated, claim_searched
 from .rate_slots import Pick, stamp_claimed, stamp_params, stamp_slots, within_rate
 from .terms import Claim, Claims, Limits, Owner, WorkerTable, keyed_rows
@@ -86,19 +87,6 @@ _WINDOW = "dbworker_window"
 _SEEN = "dbworker_seen"
 _TAKEN = "dbworker_taken"
 _CLAIM_WIDTH = 6  # len(claim_columns(table))
-
-
-def key_text(expression: ColumnElement[Any]) -> ColumnElement[str]:
-    """A key as text (the database's own CAST, so that equal values compare equal in
-    SQL and in Python alike); ``Claiming.stored_key`` makes it what is stored."""
-    return cast(expression, String())
-
-
-def is_busy(worker: WorkerTable, key: ColumnElement[str]) -> ColumnElement[bool]:
-    """SQL: another record of ``worker`` holds ``key`` (it is WORKING: every ending
-    clears ``held_key``). Read through the unique index on ``held_key``."""
-    holder = worker.table.alias("dbworker_holder")
-    return exists().where(holder.c.held_key == key, holder.c.source_id != worker.source_pk)
 
 
 def claim_limited(
@@ -120,8 +108,12 @@ def claim_limited(
         claim = functools.partial(_lock_and_claim, dialect, worker, limits, lease_seconds, owner)
         key = ("keyed claim", worker.table, lease_seconds, owner)
         return claim_keyed(dialect, conn, worker, eligible, limit, search, claim, key, _WINDOW)
-    if limits.rate is not None and dialect.supports_stamp_in_claim:
-        return _claim_rated(dialect, conn, worker, limits, eligible, limit, lease_seconds, owner)
+    if limits.rate is not None and (
+        dialect.supports_stamp_in_claim or rated_alone(dialect, conn, worker, eligible)
+    ):
+        got = _claim_rated(dialect, conn, worker, limits, eligible, limit, lease_seconds, owner)
+        if got is not None:
+            return got
     picks = _search(dialect, conn, worker, limits, eligible, limit)
     if limits.rate is not None and picks:
         picks = within_rate(dialect, conn, worker, limits, picks)
@@ -228,7 +220,7 @@ def _search_select(
     """The search: the claim columns, then the exclusive key and the rate key (each if
     the worker has it), LIMIT ``_WINDOW``."""
     pk = worker.source_pk
-    key = _stored(dialect, limits.exclusive_key)
+    key = stored(dialect, limits.exclusive_key)
     query = eligible if key is None else eligible.where(~is_busy(worker, key))
     if later:
         query = query.where(pk.not_in(bindparam(_SEEN, expanding=True)))
@@ -238,33 +230,13 @@ def _search_select(
             query = query.where(or_(key.is_(None), taken))
     window = bindparam(_WINDOW, 1, type_=Integer())
     search = dialect.candidates(worker, query, typing_cast(int, window), dialect.now())
-    keys = [_stored(dialect, e) for e in (limits.exclusive_key, limits.rate_key)]
+    keys = [stored(dialect, e) for e in (limits.exclusive_key, limits.rate_key)]
     lookups = [
-        _lookup(worker, search, k, f"dbworker_key_source_{i}")
+        lookup(worker, search, k, f"dbworker_key_source_{i}")
         for i, k in enumerate(keys)
         if k is not None
     ]
     return dialect._plan_search(search.add_columns(*lookups))
-
-
-def _stored(dialect: Claiming, expression: ColumnElement[Any] | None) -> Any:
-    return None if expression is None else dialect.stored_key(key_text(expression))
-
-
-def _lookup(
-    worker: WorkerTable, search: Select[Any], key: ColumnElement[str], name: str
-) -> ColumnElement[Any]:
-    """``key`` of each record the search returns, read by the source's primary key in a
-    scalar subquery (the search may hide the source table inside a lateral lookup or a
-    union, and its ORDER BY stays the statement's own)."""
-    source = worker.source_pk.table
-    assert isinstance(source, Table)
-    adapter = ClauseAdapter(source.alias(name))
-    record_id = search.selected_columns[0]
-    row = select(adapter.traverse(key)).where(adapter.traverse(worker.source_pk) == record_id)
-    if worker.source_filter is not None:
-        row = row.where(adapter.traverse(worker.source_filter))
-    return row.scalar_subquery()
 
 
 def _claim_at_once(
@@ -312,15 +284,25 @@ def _claim_rated(
     limit: int,
     lease_seconds: float,
     owner: Owner,
-) -> Claims:
+) -> Claims | None:
     """A rated claim whose slots are locked and stamped by its claim's statement
     (``rate_claim``), its search too where it can order the search's rows; picks of a
-    key short of slots go the long way, which makes them."""
+    key short of slots go the long way, which makes them. Where one claimer runs at a
+    time (``rate_alone``) it claims, then stamps; None: a key was short of slots,
+    nothing changed, and the claim takes the long way."""
     from .open_first import order_terms  # open_first imports base, which imports this module
 
     unrated = dataclasses.replace(limits, rate=None)
     key = ("rated claim", worker.table, lease_seconds, owner)
     claim = functools.partial(_lock_and_claim, dialect, worker, unrated, lease_seconds, owner)
+    if not dialect.supports_stamp_in_claim:
+
+        def search_in(searched: WorkerTable) -> Select[Any]:
+            return _search_select(dialect, searched, limits, eligible, False)
+
+        return claim_rated_alone(
+            dialect, conn, worker, limits, eligible, limit, search_in, claim, key, _WINDOW
+        )
     if order_terms(eligible) is not None:
         search = functools.partial(_search_select, dialect, worker, limits, eligible, False)
         got = claim_searched(
@@ -347,15 +329,17 @@ def _lock_and_claim(
     table = worker.table
     lock = _row_lock(dialect, worker, limits).with_only_columns(table.c.source_id)
     values = dialect._claim_values(table, lease_seconds, owner)
-    key = _stored(dialect, limits.exclusive_key)
+    key = stored(dialect, limits.exclusive_key)
     if key is not None:
-        held = _lookup(worker, select(table.c.source_id), key, "dbworker_key_held")
+        held = lookup(worker, select(table.c.source_id), key, "dbworker_key_held")
         values = [(column, _with_key(value, held)) for column, value in values]
+    if key is not None and dialect.supports_concurrent_claims:
         # Read again as the rows are locked: a claim that held a key when the search
         # ran (its advisory lock) and committed since is seen now, and its key skipped,
-        # where it would meet the unique index and lose the whole claim.
+        # where it would meet the unique index and lose the whole claim. (Where one
+        # claimer runs at a time, its search saw every holder: no claim ran since.)
         holder = table.alias("dbworker_holder")
-        current = _lookup(worker, lock, key, "dbworker_key_busy").correlate(table)
+        current = lookup(worker, lock, key, "dbworker_key_busy").correlate(table)
         lock = lock.where(
             ~exists().where(holder.c.held_key == current, holder.c.source_id != table.c.source_id)
         )
@@ -387,10 +371,10 @@ def _with_key(value: Any, held: ColumnElement[Any]) -> Any:
 def _row_lock(dialect: Claiming, worker: WorkerTable, limits: Limits) -> Any:
     """The dialect's lock of the records ``ids``, with its ``key_guard`` if it has one."""
     lock = dialect._row_lock(worker.table)
-    key = _stored(dialect, limits.exclusive_key)
+    key = stored(dialect, limits.exclusive_key)
     if key is None:
         return lock
-    guard = dialect.key_guard(worker.name, _lookup(worker, lock, key, "dbworker_key_source"))
+    guard = dialect.key_guard(worker.name, lookup(worker, lock, key, "dbworker_key_source"))
     return lock if guard is None else lock.where(guard)
 
 

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
     from .claiming import Claiming
 
 _IDS = "dbworker_rated_ids"
-_LIMIT = "dbworker_rated_limit"
+#: The bound name of ``listed_picks``' LIMIT.
+LISTED_LIMIT = "dbworker_rated_limit"
 _CLAIM_WIDTH = 6  # len(claim_columns(table))
 _WORKING = Phase.WORKING.value
 #: Slots a key needs before its search for free ones starts at random.
@@ -124,10 +125,10 @@ def claim_searched(
     from .open_first import reuse  # open_first imports base, which imports us
 
     def build() -> tuple[Any, str]:
-        return _statement(dialect, worker, limits, claim(), _listed(limits, search())), window
+        return _statement(dialect, worker, limits, claim(), listed_picks(limits, search())), window
 
     statement, params = reuse(typing_cast("Dialect", dialect), key, eligible, 0, build)
-    params.update({window: 2 * limit + 8, _LIMIT: limit, _WORKER: worker.name})
+    params.update({window: 2 * limit + 8, LISTED_LIMIT: limit, _WORKER: worker.name})
     params.update(dialect._plan_params(conn))
     rows = keyed_rows(conn, statement, params, worker.name)
     _check_stamped(rows, worker.name)
@@ -148,9 +149,9 @@ def claim_searched(
     return claims, short, skipped
 
 
-def _listed(limits: Limits, search: Select[Any]) -> Select[Any]:
+def listed_picks(limits: Limits, search: Select[Any]) -> Select[Any]:
     """The picks of ``search``: (id, rate_key, ord, then the search's own columns), the
-    first row of each exclusive key in the search's order, up to ``_LIMIT``."""
+    first row of each exclusive key in the search's order, up to ``LISTED_LIMIT``."""
     from .open_first import apply_modifiers, order_terms
 
     terms = order_terms(search)
@@ -185,7 +186,7 @@ def _listed(limits: Limits, search: Select[Any]) -> Select[Any]:
         )
         .where(first)
         .order_by(*order(source))
-        .limit(bindparam(_LIMIT, type_=Integer()))
+        .limit(bindparam(LISTED_LIMIT, type_=Integer()))
     )
 
 

@@ -6,7 +6,6 @@ stamps the slots of the rows it claimed in its own transaction."""
 from __future__ import annotations
 
 import dataclasses
-import random
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -26,7 +25,7 @@ from sqlalchemy import (
     update,
 )
 
-from .driver_cursor import all_rows, rowcount
+from .driver_cursor import rowcount
 from .terms import Claim, Limits, WorkerTable
 
 if TYPE_CHECKING:
@@ -65,7 +64,7 @@ def within_rate(
         if limits.rate_key is None or pick.rate_key is not None:
             name = WORKER_WIDE if limits.rate_key is None else str(pick.rate_key)
             wanted[name] = wanted.get(name, 0) + 1
-    free = _free_slots(dialect, conn, worker, limits, wanted)
+    free = free_slots(dialect, conn, worker, limits, wanted)
     kept: list[Pick] = []
     for pick in picks:
         if limits.rate_key is not None and pick.rate_key is None:
@@ -77,31 +76,41 @@ def within_rate(
     return kept
 
 
-def _free_slots(
+def free_slots(
     dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, wanted: dict[str, int]
 ) -> dict[str, list[int]]:
     """The free slot numbers each key got (locked until the claim ends), making a key's
     slots as they are needed, up to its rate's N."""
-    assert limits.slots is not None and limits.rate is not None
-    slots, count = limits.slots, limits.rate.count
     got = _lock_slots(dialect, conn, worker, limits, wanted)
     short = sorted(k for k, n in wanted.items() if len(got.get(k, ())) < n)
     if not short:
         return got
+    make_slots(dialect, conn, worker, limits, {k: wanted[k] - len(got.get(k, ())) for k in short})
+    # Rows this transaction locked or made are its own: SKIP LOCKED skips only others'.
+    got.update(_lock_slots(dialect, conn, worker, limits, {k: wanted[k] for k in short}))
+    return got
+
+
+def make_slots(
+    dialect: Claiming, conn: Connection, worker: WorkerTable, limits: Limits, short: dict[str, int]
+) -> bool:
+    """Make new free slots for keys ``short[key]`` slots short, up to each one's N;
+    whether any were made."""
+    assert limits.slots is not None and limits.rate is not None
+    slots, count = limits.slots, limits.rate.count
     made = dialect._built_once(("slot count", worker.table), lambda: _slot_count(slots))
-    existing = {k: int(n) for k, n in conn.execute(made, {_WORKER: worker.name, _RATE_KEYS: short})}
+    keys = sorted(short)
+    existing = {k: int(n) for k, n in conn.execute(made, {_WORKER: worker.name, _RATE_KEYS: keys})}
     # A short key's slots at least double (up to N): a rate that climbs pays for a few
     # makes (each a transaction of its own and a second lock), not one every claim.
     values = [
         {"worker": worker.name, "rate_key": k, "slot": n, "used_at": 0.0}
-        for k in short
-        for n in _new_slots(existing.get(k, 0), wanted[k] - len(got.get(k, ())), count)
+        for k in keys
+        for n in _new_slots(existing.get(k, 0), short[k], count)
     ]
     if values:
         _make_slots(dialect, conn, slots, values)
-    # Rows this transaction locked or made are its own: SKIP LOCKED skips only others'.
-    got.update(_lock_slots(dialect, conn, worker, limits, {k: wanted[k] for k in short}))
-    return got
+    return bool(values)
 
 
 def _new_slots(have: int, short_by: int, count: int) -> range:
@@ -133,10 +142,10 @@ def _lock_slots(
     own LIMIT (one search over all the keys would lock every free slot of each, rows
     other coordinators' claims then skip, and read them all).
 
-    Where one claimer runs at a time (SQLite), each key's slots are read from a random
-    start and then round from slot 0: read from slot 0 every time, a claim passed all the
-    slots used within the window, which lie together at the start (about 0.4 ms of a
-    claim of 16 keys, under the write lock)."""
+    Where one claimer runs at a time (SQLite), each key's slots are read from the one
+    after the slot last stamped here (``key_starts``), then round from slot 0: read from
+    slot 0 every time, a claim passed all the slots used within the window, which lie
+    together at the start (about 0.4 ms of a claim of 16 keys, under the write lock)."""
     assert limits.slots is not None and limits.rate is not None
     slots, seconds = limits.slots, limits.rate.seconds
     count = len(wanted)
@@ -170,35 +179,50 @@ def _lock_slots(
 
     built_as = ("slot lock", worker.table, count)
     statement = dialect._built_once(built_as, build)
-    highest: dict[tuple[str, str], int] = dialect._built_once(("slot highs", worker.table), dict)
     params: dict[str, Any] = {_WORKER: worker.name}
+    starts = key_starts(dialect, worker, wanted) if spread else {}
     for i, (name, n) in enumerate(sorted(wanted.items())):
         params[f"{_RATE_KEY}_{i}"] = name
         params[f"{_WANTED}_{i}"] = n
         if spread:
-            top = highest.get((worker.name, name), 0)
-            params[f"{_START}_{i}"] = random.randrange(max(1, top + 2 - n))
-    rows = sorted(_rows(dialect, conn, built_as, statement, params), key=lambda r: (r[2], r[1]))
+            params[f"{_START}_{i}"] = starts[name]
+    rows = sorted(dialect._rows_of(conn, built_as, statement, params), key=lambda r: (r[2], r[1]))
     got: dict[str, list[int]] = {}
     for name, slot, _ in rows:
         taken = got.setdefault(name, [])
         if len(taken) < wanted[name]:
             taken.append(int(slot))
-            if spread and slot > highest.get((worker.name, name), -1):
-                highest[(worker.name, name)] = int(slot)
+    if spread:
+        for name, taken in got.items():
+            note_last(dialect, worker, name, taken[-1])  # in the order they were read
     return got
 
 
-def _rows(
-    dialect: Claiming, conn: Connection, key: Any, statement: Any, params: dict[str, Any]
-) -> list[tuple[Any, ...]]:
-    """``statement``'s rows, on the driver's cursor where it has a form of its own: a lock
-    of 16 keys' slots, through SQLAlchemy's execution, was about 40% of a SQLite claim's
-    time under the write lock (its SQL included)."""
-    driver = None if dialect.clock is not None else dialect._driver_forms.get(conn, key, statement)
-    if driver is None:
-        return [tuple(row) for row in conn.execute(statement, params)]
-    return all_rows(conn, driver, params)
+class RateState:
+    """What a dialect remembers of its rate slots between claims, where one claimer runs
+    at a time (SQLite): the slot each (worker, key) last stamped here, after which its
+    next free slots are looked for, and until when a worker's rated claims take the
+    long way (``rate_alone``)."""
+
+    __slots__ = ("last", "short_until")
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, str], int] = {}
+        self.short_until: dict[str, float] = {}
+
+
+def key_starts(dialect: Claiming, worker: WorkerTable, wanted: Any) -> dict[str, int]:
+    """Where each key's search for free slots starts: after the slot this process last
+    stamped. A key's slots are used round in order, so the ones after it are the least
+    recently used; read from slot 0, a claim would pass every slot used within the
+    window, which lie together."""
+    last = dialect._rate_state.last
+    return {name: last.get((worker.name, name), -1) + 1 for name in wanted}
+
+
+def note_last(dialect: Claiming, worker: WorkerTable, name: str, slot: int) -> None:
+    """``slot`` is the last slot of key ``name`` this process stamped."""
+    dialect._rate_state.last[(worker.name, name)] = slot
 
 
 def _slot_count(slots: Table) -> Any:

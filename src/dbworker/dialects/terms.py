@@ -138,11 +138,20 @@ def epoch_to_datetime(value: float | None) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
 
 
-def keyed_rows(conn: Connection, statement: Any, params: Any, worker: str) -> list[Any]:
-    """``statement``'s rows: a claim that writes held keys, where a key another claim
-    took since the search fails at the unique index and loses the transaction
-    (PostgreSQL): ``ClaimContention``, and the loop claims again in a moment."""
+def keyed_rows(
+    conn: Connection,
+    statement: Any,
+    params: Any,
+    worker: str,
+    run: Callable[[Connection, Any, Any, Any], list[Any]] | None = None,
+) -> list[Any]:
+    """``statement``'s rows (through ``run(conn, statement, statement, params)`` if
+    given): a claim that writes held keys, where a key another claim took since the
+    search fails at the unique index and loses the transaction (PostgreSQL):
+    ``ClaimContention``, and the loop claims again in a moment."""
     try:
+        if run is not None:
+            return run(conn, statement, statement, params)
         return list(conn.execute(statement, params).all())
     except IntegrityError as exc:
         raise ClaimContention(f"a key of worker={worker} was just taken by another claim") from exc

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, func, literal, or_, select
 
 from ..dialects import Dialect
-from ..dialects.limited import is_busy, key_text
+from ..dialects.limit_keys import is_busy, key_text
 from ..dialects.rate_slots import WORKER_WIDE
 from ..registry import has_table
 from ..worker import Registration
