@@ -85,10 +85,9 @@ def claim_keyed(
     params[window] = 2 * limit + 8
     params[_LIMIT] = limit
     params.update(dialect._plan_params(conn))
-    # Alone (SQLite), on the driver's cursor: SQLAlchemy's execution around it was a
-    # third of the claim's time, under the write lock.
-    run = dialect._rows_of if alone else None
-    rows = keyed_rows(conn, statement, params, worker.name, run)
+    # On the driver's cursor: SQLAlchemy's execution around it was a third of a SQLite
+    # claim's time (under the write lock), 0.1-0.2 ms of PostgreSQL's.
+    rows = keyed_rows(conn, statement, params, worker.name, dialect._rows_of)
     if alone:
         # RETURNING has no order; in key order the key alone gives it back.
         rows.sort(key=lambda row: row[0], reverse=key_direction(eligible, worker) == "desc")
