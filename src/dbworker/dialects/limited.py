@@ -295,16 +295,12 @@ def _claim_rated(
     unrated = dataclasses.replace(limits, rate=None)
     key = ("rated claim", worker.table, lease_seconds, owner)
     claim = functools.partial(_lock_and_claim, dialect, worker, unrated, lease_seconds, owner)
+    search = functools.partial(_search_select, dialect, worker, limits, eligible, False)
     if not dialect.supports_stamp_in_claim:
-
-        def search_in(searched: WorkerTable) -> Select[Any]:
-            return _search_select(dialect, searched, limits, eligible, False)
-
         return claim_rated_alone(
-            dialect, conn, worker, limits, eligible, limit, search_in, claim, key, _WINDOW
+            dialect, conn, worker, limits, eligible, limit, search, claim, key, _WINDOW
         )
     if order_terms(eligible) is not None:
-        search = functools.partial(_search_select, dialect, worker, limits, eligible, False)
         got = claim_searched(
             dialect, conn, worker, limits, eligible, limit, search, claim, key, _WINDOW
         )

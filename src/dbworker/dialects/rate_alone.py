@@ -26,7 +26,6 @@ takes) the key alone puts the claims back in order. A claim of 10, timed around
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -94,15 +93,14 @@ def claim_rated_alone(
     limits: Limits,
     eligible: Select[Any],
     limit: int,
-    search: Callable[[WorkerTable], Select[Any]],
+    search: Callable[[], Select[Any]],
     claim: Callable[[], Any],
     key: tuple[Any, ...],
     window: str,
 ) -> Claims | None:
     """Claim up to ``limit`` records and stamp their slots; None, with nothing changed,
     when a key is short of free slots. ``search()`` is the limited search (LIMIT bound
-    as ``window``) over a worker table given, ``claim()`` the unrated claim UPDATE of the
-    records ``ids``."""
+    as ``window``), ``claim()`` the unrated claim UPDATE of the records ``ids``."""
     from .open_first import claimed, key_direction, reuse  # open_first imports base
 
     def build() -> tuple[Any, str]:
@@ -133,19 +131,18 @@ def _claim_update(
     dialect: Claiming,
     worker: WorkerTable,
     limits: Limits,
-    search: Callable[[WorkerTable], Select[Any]],
+    search: Callable[[], Select[Any]],
     claim: Any,
 ) -> Any:
     """``claim`` of the records the limited search finds, RETURNING each one's rate key
-    after its claim columns. Without an exclusive key the search is the LIMIT itself,
-    over an alias of the execution table (which SQLAlchemy would otherwise correlate
-    with the UPDATE's own); with one, ``listed_picks`` takes the first of each key."""
+    after its claim columns. Without an exclusive key the search is the LIMIT itself;
+    with one, ``listed_picks`` takes the first of each key. (In a CTE the search is not
+    correlated with the UPDATE's own table.)"""
     table = worker.table
     if limits.keyed:
-        picks = listed_picks(limits, search(worker))
+        picks = listed_picks(limits, search())
     else:
-        alias = dialect._built_once(("open alias", table), lambda: table.alias("dbworker_open"))
-        found = search(dataclasses.replace(worker, table=alias))
+        found = search()
         rate = list(found.selected_columns)[-1] if limits.rate_key is not None else None
         picks = found.with_only_columns(
             found.selected_columns[0].label("id"),
