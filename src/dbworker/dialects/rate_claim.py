@@ -3,12 +3,12 @@ issue 26, see ``limited.py`` and ``rate_slots.py``).
 
 The picks of the search go in as arrays. The statement locks up to as many free slots
 of each rate key as it has picks (FOR UPDATE SKIP LOCKED in a LATERAL subquery, a
-LIMIT per key), pairs picks and slots in pick order, claims the paired picks (and
-those of a NULL key, which nothing limits), and stamps the slots of the rows it
-claimed: a round trip where locking the slots first took two. Its rows say, for each
-pick, the slot it was paired with and the claim, if any. A pick of a key that got too
-few slots goes the long way (``within_rate``, which makes a key's missing slots), so
-that a climbing rate still grows its slots.
+LIMIT per key), claims each key's first picks, as many as it locked slots (and those
+of a NULL key, which nothing limits), and stamps every slot it locked: a round trip
+where locking the slots first took two. Its rows say, for each pick, whether it had a
+slot, and the claim, if any. A pick of a key that got too few slots goes the long way
+(``within_rate``, which makes a key's missing slots), so that a climbing rate still
+grows its slots.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from sqlalchemy import (
     Integer,
     Select,
     String,
-    and_,
     any_,
     bindparam,
     case,
@@ -99,7 +98,7 @@ def claim_rated(
         source_id, slot, token, attempts, failures, crashes, _ = by_id[pick.claim.source_id]
         if token is not None:
             claims.append(Claim(source_id, token, attempts, failures, crashes, working))
-        elif rate_key is not None and slot is None:
+        elif rate_key is not None and not slot:
             short.append(pick)
         else:
             skipped += 1
@@ -128,7 +127,9 @@ def claim_searched(
         return _statement(dialect, worker, limits, claim(), listed_picks(limits, search())), window
 
     statement, params = reuse(typing_cast("Dialect", dialect), key, eligible, 0, build)
-    params.update({window: 2 * limit + 8, LISTED_LIMIT: limit, _WORKER: worker.name})
+    # Without an exclusive key, no row the search finds is skipped: it reads ``limit``.
+    window_rows = 2 * limit + 8 if limits.keyed else limit
+    params.update({window: window_rows, LISTED_LIMIT: limit, _WORKER: worker.name})
     params.update(dialect._plan_params(conn))
     # On the driver's cursor: SQLAlchemy's execution around it cost 0.1-0.2 ms a claim.
     rows = keyed_rows(conn, statement, params, worker.name, dialect._rows_of)
@@ -143,7 +144,7 @@ def claim_searched(
         extra = iter(found[_CLAIM_WIDTH:])
         held = next(extra) if limits.keyed else None
         rated = next(extra) if limits.rate_key is not None else WORKER_WIDE
-        if rated is not None and slot is None:
+        if rated is not None and not slot:
             short.append(Pick(Claim(*found[:_CLAIM_WIDTH]), held, rated))
         else:
             skipped += 1
@@ -285,37 +286,28 @@ def _statement(
         .cte("dbworker_short")
     )
     before = free(short, short.c.missing, False, "dbworker_free_before")
-    both = union_all(
-        select(got_after.c.rate_key, got_after.c.slot, got_after.c.tid),
-        select(short.c.rate_key, before.c.slot, before.c.tid).select_from(
-            short.join(before, true())
-        ),
-    ).subquery("dbworker_free_all")
-    got = select(
-        both.c.rate_key,
-        both.c.slot,
-        both.c.tid,
-        func.row_number().over(partition_by=both.c.rate_key, order_by=both.c.slot).label("n"),
-    ).cte("dbworker_got")
-    paired = (
-        select(picks.c.id, got.c.rate_key, got.c.slot, got.c.tid)
-        .select_from(
-            picks.join(got, and_(picks.c.rate_key == got.c.rate_key, picks.c.n == got.c.n))
-        )
-        .cte("dbworker_paired")
-        .prefix_with("MATERIALIZED")
+    locked = union_all(
+        select(got_after.c.rate_key, got_after.c.tid),
+        select(short.c.rate_key, before.c.tid).select_from(short.join(before, true())),
+    ).cte("dbworker_locked")
+    got = (
+        select(locked.c.rate_key, func.count().label("got"))
+        .group_by(locked.c.rate_key)
+        .cte("dbworker_got")
     )
+    # A key's first picks, as many as it locked slots, are claimed: no pick is paired
+    # with a slot of its own. A pick the claim skips (another claim holds its record)
+    # still spends its slot for one window: stricter, never looser, and rare.
+    has_slot = picks.c.n <= func.coalesce(got.c.got, 0)
+    slotted = picks.outerjoin(got, got.c.rate_key == picks.c.rate_key)
     # Each set a row lock or UPDATE reads is an array computed first (= ANY of an
     # uncorrelated subquery): an index lookup per element whatever the planner guesses
     # of a CTE's rows (a semi-join with the CTE read every open record, or every slot).
-    # (A membership test is such an array too: a semi-join of two CTEs, each guessed at
-    # one row, was a nested loop that read one CTE again for each row of the other.)
     kind = worker.table.c.source_id.type
-    paired_ids = _any(select(func.array_agg(paired.c.id)), kind)
     allowed = _any(
-        select(func.array_agg(picks.c.id)).where(
-            or_(picks.c.rate_key.is_(None), picks.c.id == paired_ids)
-        ),
+        select(func.array_agg(picks.c.id))
+        .select_from(slotted)
+        .where(or_(picks.c.rate_key.is_(None), has_slot)),
         kind,
     )
 
@@ -329,7 +321,6 @@ def _statement(
         return None
 
     claimed = replacement_traverse(claim, {}, replace).cte("dbworker_claimed")
-    used = paired.c.id == _any(select(func.array_agg(claimed.c.source_id)), kind)
     # The slots by their row addresses (a TID scan): by key and number, the planner,
     # blind to the CTEs' sizes, read every slot of the worker for each (34-50 ms a claim
     # at 16 keys). A slot another claim stamped after this statement's snapshot has a
@@ -339,8 +330,7 @@ def _statement(
         update(slots)
         .where(
             # Nothing else: with the worker beside it, the planner read all its slots.
-            literal_column("ctid", _Tid())
-            == _any(select(func.array_agg(paired.c.tid)).where(used), _Tid())
+            literal_column("ctid", _Tid()) == _any(select(func.array_agg(locked.c.tid)), _Tid())
         )
         .values(used_at=dialect.now())
         .returning(slots.c.slot)
@@ -348,31 +338,30 @@ def _statement(
     )
     c = claimed.c
     found = [picks.c[column.key] for column in extras]
-    stamps = select(func.count()).select_from(stamped).scalar_subquery()
+    missed = (
+        select(func.count()).select_from(locked).scalar_subquery()
+        - select(func.count()).select_from(stamped).scalar_subquery()
+    )
     return (
         select(
             picks.c.id,
-            paired.c.slot,
+            case((picks.c.rate_key.is_not(None), has_slot)).label("dbworker_has_slot"),
             c.token,
             c.attempts,
             c.failures,
             c.crashes,
-            stamps.label("dbworker_stamps"),
+            missed.label("dbworker_missed"),
             *found,
         )
-        .select_from(
-            picks.outerjoin(paired, paired.c.id == picks.c.id).outerjoin(
-                claimed, c.source_id == picks.c.id
-            )
-        )
+        .select_from(slotted.outerjoin(claimed, c.source_id == picks.c.id))
         .add_cte(stamped)
         .order_by(picks.c.ord)
     )
 
 
 def _check_stamped(rows: list[Any], worker: str) -> None:
-    """Every claimed record that got a slot had it stamped, or the claim rolls back."""
-    if rows and rows[0][6] != sum(1 for row in rows if row[1] is not None and row[2] is not None):
+    """Every slot the claim locked was stamped, or the claim rolls back."""
+    if rows and rows[0][6] != 0:
         raise ClaimContention(f"a rate slot of worker={worker} moved under the claim")
 
 
