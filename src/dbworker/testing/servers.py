@@ -40,6 +40,9 @@ class Server:
     #: pooler, where a session setting would stay on a server connection other clients
     #: get (None: the server is not used behind one).
     lock_timeout_local: Callable[[float], str] | None = None
+    #: Whether a unique index's duplicate check locks a range of it (InnoDB's next-key
+    #: locks): another transaction's write of a different value there may then wait.
+    unique_checks_lock_ranges: bool = False
 
 
 def _sqlstate(error: DBAPIError) -> str | None:
@@ -82,6 +85,7 @@ MYSQL = Server(
     # information_schema.innodb_trx: it is a cache that polling keeps stale.)
     sessions_with_id="SELECT count(*) FROM information_schema.processlist WHERE id = {id:d}",
     is_lock_wait=lambda error: _mysql_code(error) == 1205,
+    unique_checks_lock_ranges=True,
 )
 SQLITE = Server(
     lock_timeout=lambda seconds: f"PRAGMA busy_timeout = {round(seconds * 1000)}",

@@ -13,9 +13,10 @@ unique index (MySQL waits there, even for a key the other did not take, since it
 duplicate check locks a range; PostgreSQL skips a key another claim is taking): a lock
 wait then is legitimate, and the claim is judged on safety alone (every record it took
 is claimable, of a free key, one per key), then rolled back: whether MySQL waits depends
-on when it purges old index entries, and the steps that follow must not. With no other
-keyed claim open, a wait is a finding and the claim must return exactly what the model
-says.
+on when it purges old index entries, and the steps that follow must not. A sweep or a
+finish meanwhile may wait there too on MySQL (the NULL it writes may fall in that
+range): it is left for a later step. With no other keyed claim open, a wait is a finding
+and every step must do exactly what the model says.
 """
 
 from __future__ import annotations
@@ -73,7 +74,13 @@ class KeyedRules(MachineBase):
         """Sweep the keyed worker's records in (committed), then claim a batch of them."""
         actor = choose(self._idle_actors(), who)
         expected_new = [s for s in sorted(self.items) if s not in self.keyed_records]
-        added = self._run(actor, lambda conn: self.dialect.sweep(conn, KEYED, None))
+        try:
+            added = self._run(actor, lambda conn: self.dialect.sweep(conn, KEYED, None))
+        except ModelMismatch as exc:
+            if not self._key_index_wait(actor, exc):
+                raise
+            note("keyed sweep: waited at the key index for another open claim")
+            return
         self._commit(actor)
         if added != len(expected_new):
             raise ModelMismatch(f"keyed sweep added {added} records, expected {expected_new}")
@@ -123,6 +130,17 @@ class KeyedRules(MachineBase):
                 actor.keyed_held[sid] = after.token
             actor.keyed_pending.clear()
 
+    def _key_index_wait(self, actor: Actor, exc: ModelMismatch) -> bool:
+        """Whether ``actor``'s step waited legitimately: it wrote a NULL into
+        ``held_key``'s unique index (a sweep's new records, a finish), which may fall in
+        the range an open keyed claim's duplicate check locked (MySQL, depending on when
+        it purges old entries). The real caller waits for that claim to end."""
+        return (
+            bool(self._others_keyed(actor))
+            and self.h.server.unique_checks_lock_ranges
+            and isinstance(exc.__cause__, DBAPIError)
+        )
+
     def _judge_contended(
         self, got: list[int], limit: int, others: dict[int, tuple[Record, Record]]
     ) -> None:
@@ -169,7 +187,14 @@ class KeyedRules(MachineBase):
             after: Record | None = transitions.finish(self.keyed_records[sid], token)
         except InvalidTransition:
             after = None
-        applied = self._run(actor, lambda conn: self.dialect.finish(conn, KEYED, sid, token))
+        try:
+            applied = self._run(actor, lambda conn: self.dialect.finish(conn, KEYED, sid, token))
+        except ModelMismatch as exc:
+            if not self._key_index_wait(actor, exc):
+                raise
+            # The holder keeps its belief, to finish in a later step.
+            note("keyed finish: waited at the key index for another open claim")
+            return
         if applied != (after is not None):
             raise ModelMismatch(
                 f"keyed finish({sid}, token={token}) {'applied' if applied else 'was refused'};"
