@@ -34,10 +34,8 @@ from typing import cast as typing_cast
 
 from sqlalchemy import (
     Connection,
-    Integer,
     Select,
     String,
-    bindparam,
     literal,
     literal_column,
     select,
@@ -49,7 +47,7 @@ from sqlalchemy.sql.visitors import replacement_traverse
 
 from .driver_cursor import run_plain
 from .rate_claim import LISTED_LIMIT, listed_picks
-from .rate_slots import WORKER_WIDE, key_starts, make_slots, note_last
+from .rate_slots import WORKER_WIDE, free_from, free_params, key_starts, make_slots, note_last
 from .terms import Claims, Limits, WorkerTable
 
 if TYPE_CHECKING:
@@ -59,10 +57,6 @@ if TYPE_CHECKING:
 #: After a key came up short, the worker's claims take the long way for this long.
 SHORT_BACKOFF_SECONDS = 1.0
 _SAVEPOINT = "dbworker_rated"
-_WORKER = "dbworker_alone_worker"
-_RATE_KEY = "dbworker_alone_key"
-_WANTED = "dbworker_alone_wanted"
-_START = "dbworker_alone_start"
 
 
 def rated_alone(dialect: Claiming, conn: Connection, worker: WorkerTable, eligible: Any) -> bool:
@@ -200,26 +194,14 @@ def _stamp_from(
 ) -> Counter[str]:
     """Stamp up to ``wanted[key]`` free slots of each key, the first ones from
     ``starts[key]`` on (``after``) or before it; how many each key got."""
-    assert limits.slots is not None and limits.rate is not None
-    slots, seconds = limits.slots, limits.rate.seconds
-    names = sorted(wanted)
+    assert limits.slots is not None
+    slots, names = limits.slots, sorted(wanted)
     # Parts for a power of two of keys, the spare ones with LIMIT 0: a handful of shapes
     # to compile (each a few milliseconds), not one per number of keys.
     width = 1 << (len(names) - 1).bit_length()
 
     def part(i: int) -> Any:
-        start = bindparam(f"{_START}_{i}", type_=Integer())
-        return (
-            select(literal_column("rowid"))
-            .where(
-                slots.c.worker == bindparam(_WORKER),
-                slots.c.rate_key == bindparam(f"{_RATE_KEY}_{i}"),
-                slots.c.used_at <= dialect.now() - seconds,
-                slots.c.slot >= start if after else slots.c.slot < start,
-            )
-            .order_by(slots.c.slot)
-            .limit(bindparam(f"{_WANTED}_{i}", type_=Integer()))
-        )
+        return free_from(dialect, limits, i, after, literal_column("rowid"))
 
     def build() -> Any:
         # Each part in a derived table: SQLite refuses ORDER BY and LIMIT inside UNION.
@@ -234,12 +216,7 @@ def _stamp_from(
 
     built_as = ("alone stamp", worker.table, width, after)
     statement = dialect._built_once(built_as, build)
-    params: dict[str, Any] = {_WORKER: worker.name}
-    for i in range(width):
-        name = names[i] if i < len(names) else names[0]
-        params[f"{_RATE_KEY}_{i}"] = name
-        params[f"{_WANTED}_{i}"] = wanted[name] if i < len(names) else 0
-        params[f"{_START}_{i}"] = starts[name]
+    params = free_params(worker, wanted, starts, width)
     rows = dialect._rows_of(conn, built_as, statement, params)
     stamped: dict[str, list[int]] = {}
     for name, slot in rows:

@@ -264,7 +264,7 @@ def _statement(
 
     after = free(wants, wants.c.wanted, True, "dbworker_free")
     got_after = (
-        select(wants.c.rate_key, after.c.slot, after.c.tid)
+        select(wants.c.rate_key, after.c.tid)
         .select_from(wants.join(after, true()))
         .cte("dbworker_got_after")
     )

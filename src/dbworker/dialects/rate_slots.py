@@ -12,6 +12,7 @@ from sqlalchemy import (
     ARRAY,
     Connection,
     Integer,
+    Select,
     String,
     Table,
     and_,
@@ -177,25 +178,14 @@ def _lock_from(
     all the keys would lock every free slot of each, rows other coordinators' claims
     then skip, and read them all). Each key's slots, in order."""
     assert limits.slots is not None and limits.rate is not None
-    slots, seconds = limits.slots, limits.rate.seconds
+    slots = limits.slots
     count = len(wanted)
 
     def part(i: int) -> Any:
         # SKIP LOCKED: another coordinator's claim holds those slots until it ends.
         # (SQLAlchemy drops FOR UPDATE on SQLite, whose claim holds the write lock.)
-        start = bindparam(f"{_START}_{i}", type_=Integer())
-        return (
-            select(slots.c.rate_key, slots.c.slot)
-            .where(
-                slots.c.worker == bindparam(_WORKER),
-                slots.c.rate_key == bindparam(f"{_RATE_KEY}_{i}"),
-                slots.c.used_at <= dialect.now() - seconds,
-                slots.c.slot >= start if after else slots.c.slot < start,
-            )
-            .order_by(slots.c.slot)
-            .limit(bindparam(f"{_WANTED}_{i}", type_=Integer()))
-            .with_for_update(skip_locked=True)
-        )
+        found = free_from(dialect, limits, i, after, slots.c.rate_key, slots.c.slot)
+        return found.with_for_update(skip_locked=True)
 
     def build() -> Any:
         if count == 1:
@@ -206,17 +196,48 @@ def _lock_from(
 
     built_as = ("slot lock", worker.table, count, after)
     statement = dialect._built_once(built_as, build)
-    params: dict[str, Any] = {_WORKER: worker.name}
-    for i, (name, n) in enumerate(sorted(wanted.items())):
-        params[f"{_RATE_KEY}_{i}"] = name
-        params[f"{_WANTED}_{i}"] = n
-        params[f"{_START}_{i}"] = starts[name]
+    params = free_params(worker, wanted, starts, count)
     got: dict[str, list[int]] = {}
     for name, slot in dialect._rows_of(conn, built_as, statement, params):
         got.setdefault(str(name), []).append(int(slot))
     for taken in got.values():
         taken.sort()  # a UNION keeps no order
     return got
+
+
+def free_from(dialect: Claiming, limits: Limits, i: int, after: bool, *columns: Any) -> Select[Any]:
+    """``columns`` of the ``i``-th key's free slots (in a statement of a part per key,
+    bound by ``free_params``), in slot order, the first from its start on (``after``)
+    or before it, up to the number it wants."""
+    assert limits.slots is not None and limits.rate is not None
+    slots, seconds = limits.slots, limits.rate.seconds
+    start = bindparam(f"{_START}_{i}", type_=Integer())
+    return (
+        select(*columns)
+        .where(
+            slots.c.worker == bindparam(_WORKER),
+            slots.c.rate_key == bindparam(f"{_RATE_KEY}_{i}"),
+            slots.c.used_at <= dialect.now() - seconds,
+            slots.c.slot >= start if after else slots.c.slot < start,
+        )
+        .order_by(slots.c.slot)
+        .limit(bindparam(f"{_WANTED}_{i}", type_=Integer()))
+    )
+
+
+def free_params(
+    worker: WorkerTable, wanted: dict[str, int], starts: dict[str, int], width: int
+) -> dict[str, Any]:
+    """The parameters of ``width`` ``free_from`` parts for the keys of ``wanted`` in
+    sorted order; parts past the last key want none."""
+    names = sorted(wanted)
+    params: dict[str, Any] = {_WORKER: worker.name}
+    for i in range(width):
+        name = names[i] if i < len(names) else names[0]
+        params[f"{_RATE_KEY}_{i}"] = name
+        params[f"{_WANTED}_{i}"] = wanted[name] if i < len(names) else 0
+        params[f"{_START}_{i}"] = starts[name]
+    return params
 
 
 class RateState:
