@@ -31,6 +31,9 @@ CONFIGS = ("fast", "results")
 TASK = "dbworker_bench.noop"
 STAMP_TASK = "dbworker_bench.stamp"
 WAIT_TASK = "dbworker_bench.wait"
+WRITE_TASK = "dbworker_bench.wait_write"
+#: The engines of ``_wait_and_write``, one per database URL, shared by the worker's threads.
+_ENGINES: dict[str, Any] = {}
 
 
 def worker_command(queue: str, concurrency: int, pool: str = "prefork") -> list[str]:
@@ -88,6 +91,24 @@ def _wait(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def _wait_and_write(seconds: float, url: str, call_id: int) -> None:
+    """``_wait``, then what dbworker's handler in ``benchmarks.io`` writes: one row, added
+    through a SQLAlchemy session and committed (the same work, without dbworker's load
+    of the source row and fenced finish, and without exactly-once)."""
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session
+
+    from .io_work import Done
+
+    time.sleep(seconds)
+    engine = _ENGINES.get(url)
+    if engine is None:
+        # One connection per thread of the pool, as dbworker's threads executor keeps.
+        engine = _ENGINES.setdefault(url, sa.create_engine(url, pool_size=64, max_overflow=8))
+    with Session(engine) as session, session.begin():
+        session.add(Done(call_id=call_id))
+
+
 def make_app(config: str, keys: str = "dbw_bench") -> Any:
     if config not in CONFIGS:
         raise ValueError(f"unknown Celery configuration {config!r}; choose from {CONFIGS}")
@@ -110,6 +131,7 @@ def make_app(config: str, keys: str = "dbw_bench") -> Any:
     app.task(name=TASK, shared=False)(_noop)
     app.task(name=STAMP_TASK, shared=False)(_stamp)
     app.task(name=WAIT_TASK, shared=False)(_wait)
+    app.task(name=WRITE_TASK, shared=False)(_wait_and_write)
     return app
 
 

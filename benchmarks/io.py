@@ -16,7 +16,12 @@ items / concurrency x 0.3 s (1.8 s).
 * Celery ``threads``: ``celery worker --pool threads -c CONCURRENCY``, Redis as broker,
   ``task_ignore_result``, ``task_acks_late``, ``worker_prefetch_multiplier=4``
   (``benchmarks.celery_app``'s ``fast`` configuration), a task that sleeps. The clock
-  stops when the queue is empty and nothing awaits its acknowledgement.
+  stops when the queue is empty and nothing awaits its acknowledgement. This run is
+  the issue's bar.
+* Celery ``threads``, writing (unless ``--no-celery-writes``): the same, with tasks that
+  also write their row to PostgreSQL as dbworker's handler does (a SQLAlchemy session,
+  one commit; no load of a source row, no fenced finish, no exactly-once); the clock
+  stops once every row is committed. It shows what the write itself costs each side.
 
 For each run: drain time, the number of processes in the system's tree and the PSS of
 the tree (sum of /proc/PID/smaps_rollup Pss, peak over samples every
@@ -30,6 +35,7 @@ Run: ``python -m benchmarks.io --help``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -140,7 +146,10 @@ def run_dbworker(backend: str, mode: str, args: argparse.Namespace) -> dict[str,
     }
 
 
-def run_celery(args: argparse.Namespace) -> dict[str, Any]:
+def run_celery(args: argparse.Namespace, write: bool = False) -> dict[str, Any]:
+    """Celery's thread pool over the workload; ``write``: each task also writes its row
+    to PostgreSQL (``celery_app._wait_and_write``), as dbworker's handler does, and the
+    clock stops once every row is committed and the queue is drained."""
     import redis
     from celery import group
 
@@ -148,38 +157,76 @@ def run_celery(args: argparse.Namespace) -> dict[str, Any]:
 
     keys = f"dbw_io_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     app = celery_app.make_app("fast", keys)
-    task = app.tasks[celery_app.WAIT_TASK]
     unacked = celery_app.unacked_keys(keys)["unacked_key"]
     poll = args.poll_ms / 1000
-    worker = subprocess.Popen(
-        celery_app.worker_command(keys, args.concurrency, pool="threads"),
-        env=child_environment(**{celery_app.CONFIG_ENV: "fast", celery_app.KEYS_ENV: keys}),
-        cwd=REPOSITORY,
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis.from_url(REDIS_URL)
-    memory: TreeMemory | None = None
-    try:
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(scratch_database("postgresql", "io_celery")) if write else ""
+        engine = None
+        if write:
+            import sqlalchemy as sa
 
-        def send(n: int) -> None:
-            group(task.s(WAIT_SECONDS) for _ in range(n)).apply_async(queue=keys)
+            from .io_work import Base
 
-        send(args.concurrency)  # warm-up
-        _wait_drained(client, keys, unacked, poll, time.monotonic() + args.timeout)
-        memory = TreeMemory([worker.pid], args.rss_interval_ms / 1000).start()
-        start = time.perf_counter()
-        send(args.items)
-        end = _wait_drained(client, keys, unacked, poll, time.monotonic() + args.timeout)
-        memory_report = memory.stop()
-    finally:
-        if memory is not None:
-            memory.stop()
-        stop_process(worker)
-        app.connection_for_write().default_channel.queue_delete(keys)
-        client.delete(*celery_app.unacked_keys(keys).values())
-        client.close()
+            engine = sa.create_engine(url)
+            stack.callback(engine.dispose)
+            Base.metadata.create_all(engine)
+        worker = subprocess.Popen(
+            celery_app.worker_command(keys, args.concurrency, pool="threads"),
+            env=child_environment(**{celery_app.CONFIG_ENV: "fast", celery_app.KEYS_ENV: keys}),
+            cwd=REPOSITORY,
+            stdout=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(REDIS_URL)
+        memory: TreeMemory | None = None
+        sent = 0
+        try:
+
+            def send(n: int) -> None:
+                nonlocal sent
+                if write:
+                    task = app.tasks[celery_app.WRITE_TASK]
+                    calls = range(sent + 1, sent + n + 1)
+                    signatures = [task.s(WAIT_SECONDS, url, i) for i in calls]
+                else:
+                    task = app.tasks[celery_app.WAIT_TASK]
+                    signatures = [task.s(WAIT_SECONDS) for _ in range(n)]
+                sent += n
+                group(signatures).apply_async(queue=keys)
+
+            def drained(deadline: float) -> float:
+                end = _wait_drained(client, keys, unacked, poll, deadline)
+                if engine is None:
+                    return end
+                # acks_late: the message is acknowledged after the task, its commit
+                # included; the rows are checked all the same.
+                counted = "SELECT count(*) FROM io_bench_done"
+                with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+                    while conn.exec_driver_sql(counted).scalar_one() < sent:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError("Celery's writes did not all commit")
+                        time.sleep(poll)
+                return time.perf_counter()
+
+            send(args.concurrency)  # warm-up
+            drained(time.monotonic() + args.timeout)
+            memory = TreeMemory([worker.pid], args.rss_interval_ms / 1000).start()
+            start = time.perf_counter()
+            send(args.items)
+            end = drained(time.monotonic() + args.timeout)
+            memory_report = memory.stop()
+            if engine is not None:
+                rows = _count(engine, "SELECT count(*) FROM io_bench_done")
+                if rows != sent:
+                    raise AssertionError(f"Celery wrote {rows} rows for {sent} calls")
+        finally:
+            if memory is not None:
+                memory.stop()
+            stop_process(worker)
+            app.connection_for_write().default_channel.queue_delete(keys)
+            client.delete(*celery_app.unacked_keys(keys).values())
+            client.close()
     return {
-        "system": "celery_threads",
+        "system": "celery_threads_writing" if write else "celery_threads",
         "seconds": round(end - start, 3),
         "processes": memory_report["processes"],
         "pss_mib": round(memory_report["peak_pss_kib"] / 1024, 1),
@@ -209,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--no-celery", dest="celery", action="store_false")
     parser.add_argument(
+        "--no-celery-writes",
+        dest="celery_writes",
+        action="store_false",
+        help="leave out Celery's second run, whose tasks also write their row to PostgreSQL",
+    )
+    parser.add_argument(
         "--no-wake",
         dest="wake",
         action="store_false",
@@ -234,12 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.celery:
         systems.append(("celery_threads", None))
+        if args.celery_writes:
+            systems.append(("celery_threads_writing", None))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in systems}
     for round_ in range(args.repeat):
         shift = round_ % len(systems)
         for name, what in systems[shift:] + systems[:shift]:
             log(f"round {round_ + 1}/{args.repeat}: {name}")
-            result = run_celery(args) if what is None else run_dbworker(what[0], what[1], args)
+            if what is None:
+                result = run_celery(args, write=name == "celery_threads_writing")
+            else:
+                result = run_dbworker(what[0], what[1], args)
             log(
                 f"  {result['seconds']} s, {result['processes']} processes, "
                 f"{result['pss_mib']} MiB PSS"
@@ -248,11 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     report["runs"] = runs
     report["medians"] = {name: medians(found) for name, found in runs.items()}
     celery = report["medians"].get("celery_threads")
-    if celery:
-        for name, found in report["medians"].items():
-            if name != "celery_threads":
-                found["seconds_vs_celery"] = round(found["seconds"] / celery["seconds"], 3)
-                found["pss_vs_celery"] = round(found["pss_mib"] / celery["pss_mib"], 3)
+    writing = report["medians"].get("celery_threads_writing")
+    for name, found in report["medians"].items():
+        if not name.startswith("dbworker_"):
+            continue
+        if celery:
+            found["seconds_vs_celery"] = round(found["seconds"] / celery["seconds"], 3)
+            found["pss_vs_celery"] = round(found["pss_mib"] / celery["pss_mib"], 3)
+        if writing:
+            found["seconds_vs_celery_writing"] = round(found["seconds"] / writing["seconds"], 3)
     write_report(args.output, report)
     print(json.dumps(report["medians"], indent=2))
     return 0

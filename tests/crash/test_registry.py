@@ -71,8 +71,9 @@ def test_a_killed_coordinator_is_shown_stale_then_reaped(
     # can hold its thread past the 0.6 s stale threshold for a moment, so this waits
     # for a beat rather than asserting on one reading.
     wait_until(
-        lambda: [(c["pid"], c["stale"]) for c in registered(survivor, engine)]
-        == [(os.getpid(), False)],
+        lambda: (
+            [(c["pid"], c["stale"]) for c in registered(survivor, engine)] == [(os.getpid(), False)]
+        ),
         "the survivor to reap the killed coordinator's row and show its own live",
         diagnose=lambda: registered(survivor, engine),
     )
