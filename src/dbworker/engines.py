@@ -15,7 +15,7 @@ def coordination_engine(url: URL, dialect: Dialect, options: Mapping[str, Any]) 
     """The engine scheduling runs on: the dialect's coordinator options under the
     user's ``engine_options``, set up by the dialect. Its own pool, so a busy
     application pool can never starve lease renewals."""
-    defaults = dialect.coordinator_engine_options()
+    defaults = dict(dialect.coordinator_engine_options())  # the dialect's own stays as it was
     if "poolclass" not in options and "pool" not in options:
         # The scheduler runs one transaction after another: the connection it gave back
         # last serves the next. In turn (the pool's default order) its transactions
