@@ -68,6 +68,21 @@ def _count(engine: Any, sql: str) -> int:
         return int(conn.exec_driver_sql(sql).scalar() or 0)
 
 
+def _wait_for_rows(
+    engine: Any, target: int, args: argparse.Namespace, deadline: float, what: str
+) -> None:
+    """Poll until ``io_bench_done`` holds ``target`` rows, every ``--poll-ms``."""
+    # One connection, outside any transaction, for every poll: a checkout and its reset
+    # on each one (this process used ~0.2 s of CPU over a 2.2 s drain) took CPU from
+    # the system under test.
+    counted = "SELECT count(*) FROM io_bench_done"
+    with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        while conn.exec_driver_sql(counted).scalar_one() < target:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} did not drain")
+            time.sleep(args.poll_ms / 1000)
+
+
 def tree(memory_report: dict[str, Any]) -> list[dict[str, Any]]:
     """Each process of the tree at the peak: its command and PSS."""
     return [
@@ -100,23 +115,14 @@ def run_dbworker(backend: str, mode: str, args: argparse.Namespace) -> dict[str,
             if not line or not json.loads(line).get("ready"):
                 raise RuntimeError(f"the dbworker process did not start ({line!r})")
 
-            poller = engine.execution_options(isolation_level="AUTOCOMMIT")
-            counted = "SELECT count(*) FROM io_bench_done"
-
             def drain(first: int, count: int) -> float:
                 start = time.perf_counter()
                 with Session(engine) as session, session.begin():
                     session.add_all(Call(id=i) for i in range(first, first + count))
                 deadline = time.monotonic() + args.timeout
-                target = first + count - 1
-                # One connection, outside any transaction, for every poll: a checkout
-                # and its reset on each one (this process used ~0.2 s of CPU over a
-                # 2.2 s drain) took CPU from the system under test.
-                with poller.connect() as conn:
-                    while conn.exec_driver_sql(counted).scalar_one() < target:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(f"dbworker {mode} on {backend} did not drain")
-                        time.sleep(args.poll_ms / 1000)
+                _wait_for_rows(
+                    engine, first + count - 1, args, deadline, f"dbworker {mode} on {backend}"
+                )
                 return time.perf_counter() - start
 
             drain(1, args.concurrency)  # warm-up: processes started, connections open
@@ -199,12 +205,7 @@ def run_celery(args: argparse.Namespace, write: bool = False) -> dict[str, Any]:
                     return end
                 # acks_late: the message is acknowledged after the task, its commit
                 # included; the rows are checked all the same.
-                counted = "SELECT count(*) FROM io_bench_done"
-                with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
-                    while conn.exec_driver_sql(counted).scalar_one() < sent:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError("Celery's writes did not all commit")
-                        time.sleep(poll)
+                _wait_for_rows(engine, sent, args, deadline, "Celery's writes")
                 return time.perf_counter()
 
             send(args.concurrency)  # warm-up
