@@ -8,10 +8,13 @@ Actions in the order they happen:
 - ``hang``: sleep far longer than any test (only a kill ends it);
 - ``lock``: update its own item row (a row lock, on SQLite the write lock) and
   flush, so that a death after it leaves a transaction holding a lock;
+- ``touch``: change the first item of its directory (by an SQL expression) and leave
+  the change for dbworker's flush, when the handler ends;
 - ``session``: (PostgreSQL) record what it finds of a previous invocation's session
   state, then leave some behind: a setting, a temporary table, an advisory lock;
 - ``exit3``: ``os._exit(3)``; ``sigkill``: SIGKILL its own process;
-- then an ``Effect`` row is written and flushed (so a rollback has something to undo);
+- then an ``Effect`` row is written and flushed (so a rollback has something to undo;
+  after a ``touch``, left for dbworker's flush too);
 - ``raise``: raise; ``wrong``: return a wrong type; ``unfinished``: return
   ``Unfinished()``; otherwise return ``Finished()``.
 
@@ -30,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from sqlalchemy import Integer, String, Text, text, update
+from sqlalchemy import Integer, String, Text, func, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from dbworker import Finished, Outcome, Unfinished
@@ -174,6 +177,12 @@ def _run(worker: str, source: Item, session: Session, plan: str | None = None) -
         elif action == "lock":
             session.execute(update(Item).where(Item.id == item_id).values(plan=plan))
             session.flush()
+        elif action == "touch":
+            first_id = session.scalar(select(func.min(Item.id)).where(Item.workdir == workdir))
+            first = session.get(Item, first_id)
+            assert first is not None
+            # An SQL expression, evaluated by the UPDATE: no lost update.
+            first.plan = Item.plan + "+touched"
         elif action == "session":
             facts["session"] = leave_session_state(session)
         elif action == "exit3":
@@ -189,8 +198,10 @@ def _run(worker: str, source: Item, session: Session, plan: str | None = None) -
             info=json.dumps({**process_facts(), **facts}),
         )
     )
-    # Flushed, so the INSERT really is in the transaction that must roll back.
-    session.flush()
+    # Flushed, so the INSERT really is in the transaction that must roll back (but a
+    # touch is left for dbworker's own flush, when the handler ends).
+    if "touch" not in actions:
+        session.flush()
     if "raise" in actions:
         raise RuntimeError(f"item {item_id} raised on purpose")
     if "wrong" in actions:

@@ -3,8 +3,9 @@ and sync ones that take many at once, at module scope so children import them.
 
 They act on the suite's ``app.Item`` rows by the same plans as ``app.handle`` (see its
 docstring): ``gate``, ``hang``, ``raise``, ``wrong``, ``unfinished``, plus ``block``
-(``time.sleep``: a handler that blocks the event loop) and ``late`` (wait past any
-test's timeout without being cancellable, then write its effect: it must not commit).
+(``time.sleep``: a handler that blocks the event loop), ``late`` (wait past any
+test's timeout without being cancellable, then write its effect: it must not commit),
+``lock`` (lock its item by updating it) and ``touch`` (as ``app.handle``'s).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import time
 from pathlib import Path
 
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -58,6 +60,18 @@ async def handle(source: app.Item, session: AsyncSession) -> Outcome:
             os._exit(3)
         elif action == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "lock":
+            await session.execute(
+                update(app.Item).where(app.Item.id == item_id).values(plan=app.Item.plan)
+            )
+        elif action == "touch":
+            first_id = await session.scalar(
+                select(func.min(app.Item.id)).where(app.Item.workdir == workdir)
+            )
+            first = await session.get(app.Item, first_id)
+            assert first is not None
+            # An SQL expression, evaluated by the UPDATE: no lost update.
+            first.plan = app.Item.plan + "+touched"
     session.add(
         app.Effect(
             worker=app.WORKER,
@@ -67,7 +81,8 @@ async def handle(source: app.Item, session: AsyncSession) -> Outcome:
             info=json.dumps(app.process_facts()),
         )
     )
-    await session.flush()
+    if "touch" not in actions:
+        await session.flush()
     if "raise" in actions:
         raise RuntimeError(f"item {item_id} raised on purpose")
     if "wrong" in actions:

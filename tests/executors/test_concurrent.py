@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, select
 from sqlalchemy.orm import sessionmaker
 
 from dbworker import (
@@ -129,6 +129,33 @@ def test_async_outcomes_are_recorded_with_their_writes(rig: Rig) -> None:
     assert committed is not None and "do not commit" in (committed["error"] or "")
     # Unfinished() commits its writes too; a failure's writes roll back.
     assert Counter(e.item_id for e in rig.effects()) == Counter({ids[0]: 1, ids[1]: 2})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_endings_waiting_on_a_lock_held_by_a_handler_waiting_to_end_all_commit(
+    rig: Rig, mode: str
+) -> None:
+    """Endings take turns (``invocation/turns.py``: two at once); a wait for a turn is
+    bounded. Two handlers take both turns and their endings' flushes wait on a row lock
+    that a third handler holds, which then needs a turn to end and release it: it ends
+    without one, and all three commit exactly once. (On SQLite the lock is the
+    database's: the two wait for it before they end, and still all three commit.)"""
+    choice, handler = setup(mode)
+    coordinator = rig.coordinator(choice, concurrency=3, handler=handler)
+    holder, *waiters = rig.add("lock+gate", "gate+touch", "gate+touch")
+    coordinator.start()
+    for item_id in (holder, *waiters):
+        rig.wait_run(item_id, 1)
+    time.sleep(0.5)  # the holder's lock taken (ordering only: no timing is asserted)
+    for item_id in waiters:
+        rig.open_gate(item_id, 1)
+    time.sleep(0.5)  # both waiters in their endings, waiting on the lock
+    rig.open_gate(holder, 1)
+    rig.wait_status(coordinator, [holder, *waiters], FINISHED)
+    assert Counter(e.item_id for e in rig.effects()) == Counter([holder, *waiters])
+    with rig.engine.connect() as conn:
+        plan = conn.execute(select(app.Item.plan).where(app.Item.id == holder)).scalar_one()
+    assert plan == "lock+gate+touched+touched"
 
 
 @pytest.mark.parametrize("mode", MODES)

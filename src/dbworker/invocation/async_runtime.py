@@ -33,6 +33,13 @@ from .failures import HandlerFailure
 from .loading import SourceLoader
 from .runtime import FINISHED, KEPT_AFTER, ChildConfig, worker_table
 from .session import HandlerSession
+from .turns import (
+    ENDING_AT_ONCE,
+    ENDING_TURN_WAIT,
+    STARTING_AT_ONCE,
+    AsyncEndingTurns,
+    StartingTurn,
+)
 
 #: The asyncio driver used for each backend unless ``AsyncIO(driver=...)`` names one,
 #: and the dbworker extra that installs it.
@@ -52,34 +59,6 @@ def async_url(url: str | URL, driver: str | None = None) -> URL:
     if chosen is None:
         return parsed  # a third-party backend: its URL is used as it is
     return parsed.set(drivername=f"{backend}+{chosen}")
-
-
-#: How many invocations of one event loop get their connection and source row at once;
-#: the others wait their turn, first come first served. Tasks arrive in bursts (a claim's
-#: worth at once): taking turns, each of those statements costing a pass over all the
-#: ready tasks of the loop, every handler of a burst of 50 started about 60 ms late in
-#: benchmarks.io; in turns, the first start at once and the rest in order. Only these
-#: steps take turns (they wait on no row lock another invocation may hold).
-STARTING_AT_ONCE = 4
-
-
-class _Turn:
-    """One invocation's turn at ``STARTING_AT_ONCE``: taken once, given back once."""
-
-    __slots__ = ("_held", "_turns")
-
-    def __init__(self, turns: asyncio.Semaphore) -> None:
-        self._turns = turns
-        self._held = False
-
-    async def take(self) -> None:
-        await self._turns.acquire()
-        self._held = True
-
-    def end(self) -> None:
-        if self._held:
-            self._held = False
-            self._turns.release()
 
 
 def pool_options(options: dict[str, Any], url: URL, capacity: int) -> dict[str, Any]:
@@ -103,6 +82,7 @@ class AsyncRuntime:
         self._tables: dict[tuple[str, type[Any], bool], WorkerTable] = {}
         self._loaders: dict[type[Any], SourceLoader] = {}
         self._starting: asyncio.Semaphore | None = None
+        self._ending: AsyncEndingTurns | None = None
         #: Connections kept checked out between invocations (as ``connections.py`` does
         #: for threads): a checkout and check-in cost two trips through the greenlet and
         #: the pool's events per invocation, all on the loop every invocation waits on.
@@ -114,6 +94,13 @@ class AsyncRuntime:
         if self._starting is None:
             self._starting = asyncio.Semaphore(STARTING_AT_ONCE)
         return self._starting
+
+    @property
+    def ending(self) -> AsyncEndingTurns:
+        """Turns to end an invocation (see ENDING_AT_ONCE); made on the running loop."""
+        if self._ending is None:
+            self._ending = AsyncEndingTurns(ENDING_AT_ONCE, ENDING_TURN_WAIT)
+        return self._ending
 
     @property
     def engine(self) -> AsyncEngine:
@@ -162,14 +149,14 @@ class AsyncRuntime:
 
     async def _run(self, task: Task) -> Result:
         worker = self.prepare(task.worker, task.source, task.keyed)
-        turn = _Turn(self.starting)
+        turn = StartingTurn(self.starting)
         await turn.take()
         try:
             return await self._connected(task, worker, turn)
         finally:
             turn.end()
 
-    async def _connected(self, task: Task, worker: WorkerTable, turn: _Turn) -> Result:
+    async def _connected(self, task: Task, worker: WorkerTable, turn: StartingTurn) -> Result:
         try:
             conn = await self._take()
         except Exception as exc:
@@ -223,7 +210,7 @@ class AsyncRuntime:
         worker: WorkerTable,
         session: AsyncSession,
         guarded: HandlerSession,
-        turn: _Turn,
+        turn: StartingTurn,
     ) -> Result:
         try:
             if self.dialect.source_read_apart:
@@ -257,7 +244,8 @@ class AsyncRuntime:
             # The flush, the fenced ending and the commit (or rollback) in one trip
             # through the greenlet: each trip is a pass of the loop, shared with every
             # invocation in flight.
-            done = await session.run_sync(_finish, self.dialect, worker, task, decision)
+            async with self.ending.turn():
+                done = await session.run_sync(_finish, self.dialect, worker, task, decision)
             return Result(task.key, kind if done else ResultKind.LOST)
         except Exception as exc:
             turn.end()

@@ -26,6 +26,7 @@ from .connections import HeldConnections
 from .failures import HandlerFailure
 from .loading import SourceLoader
 from .session import HandlerSession
+from .turns import ENDING_AT_ONCE, ENDING_TURN_WAIT, EndingTurns
 
 FINISHED = decide(Ending.FINISHED)
 #: Outcomes after which a handler process keeps its connection for the next invocation.
@@ -67,6 +68,8 @@ class Runtime:
         #: Workers whose handlers released their transaction in a group: their items
         #: run alone from then on (``group.py``).
         self.alone: set[str] = set()
+        #: Where the process runs many invocations at once (threads), they end in turns.
+        self.ending = EndingTurns(ENDING_AT_ONCE, ENDING_TURN_WAIT)
 
     @property
     def engine(self) -> Engine:
@@ -258,22 +261,23 @@ class Runtime:
                         f"handler of worker {task.worker!r} returned {outcome!r}; it must "
                         "return Finished() or Unfinished()"
                     )
-                # The handler's own writes first: their errors are the handler's, and
-                # the execution row is then locked only for the final statement.
-                session.flush()
                 if isinstance(outcome, Finished):
                     decision, kind = FINISHED, ResultKind.FINISHED
                 else:
                     decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                     kind = ResultKind.UNFINISHED
-                done = self.dialect.record(
-                    session.connection(), worker, task.source_id, task.token, decision
-                )
-                session._dbworker_guarded = False
-                if not done:
-                    session.rollback()
-                    return Result(task.key, ResultKind.LOST)
-                session.commit()
+                with self.ending.turn():
+                    # The handler's own writes first: their errors are the handler's,
+                    # and the execution row is then locked only for the final statement.
+                    session.flush()
+                    done = self.dialect.record(
+                        session.connection(), worker, task.source_id, task.token, decision
+                    )
+                    session._dbworker_guarded = False
+                    if not done:
+                        session.rollback()
+                        return Result(task.key, ResultKind.LOST)
+                    session.commit()
                 return Result(task.key, kind)
             except Exception as exc:
                 session._dbworker_guarded = False
