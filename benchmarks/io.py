@@ -5,7 +5,8 @@ The workload: ``--items`` calls (default 300) that each wait ``WAIT_SECONDS`` (0
 ``asyncio.sleep`` / ``time.sleep``), ``--concurrency`` (default 50) at once; ideally
 items / concurrency x 0.3 s (1.8 s).
 
-* dbworker (``asyncio``, ``threads``): a coordinator in a process of its own
+* dbworker (``asyncio``, ``threads``, and ``uvloop``: the asyncio executor on uvloop's
+  event loop): a coordinator in a process of its own
   (``benchmarks.io_work``) with one worker, ``executor=MODE``, whose handler waits and
   writes one row. After a warm-up batch, the clock starts before the rows are inserted
   (one transaction; on PostgreSQL the coordinator is woken by its commit through
@@ -59,7 +60,7 @@ from ._common import (
 from .io_work import WAIT_SECONDS
 from .throughput import REDIS_URL, REPOSITORY, _wait_drained, child_environment, stop_process
 
-MODES = ("asyncio", "threads")
+MODES = ("asyncio", "threads", "uvloop")
 READY_SECONDS = 60.0
 
 
@@ -250,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--modes",
         default=",".join(MODES),
-        help="asyncio,threads; MODE:N runs MODE on N handler processes (e.g. threads:2)",
+        help="asyncio,threads,uvloop (asyncio on AsyncIO(loop='uvloop')); MODE:N runs MODE "
+        "on N handler processes (e.g. threads:2)",
     )
     parser.add_argument("--items", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=50)

@@ -3,8 +3,9 @@
 
 Run by the benchmark as ``python -m benchmarks.io_work URL MODE CONCURRENCY [wake]``: it
 starts a coordinator (``executor=MODE``: "asyncio" runs ``wait_async``, "threads"
-``wait_sync``; "asyncio:N" and "threads:N" run them on N handler processes), prints one
-JSON line once its handler processes are ready, and runs until terminated. ``wake``
+``wait_sync``, "uvloop" ``wait_async`` on ``AsyncIO(loop="uvloop")``; "MODE:N" runs
+them on N handler processes), prints one JSON line once its handler processes are ready,
+and runs until terminated. ``wake``
 (PostgreSQL): the calls' table gets dbworker's opt-in NOTIFY trigger
 (``create_notify_triggers``), as for rows another service inserts, which the benchmark's
 inserts are: the coordinator is woken by their commit instead of finding them by polling
@@ -69,14 +70,16 @@ def serve(url: str, mode: str, concurrency: int, wake: bool = False) -> None:
         sessionmaker(engine), database_url=url, poll_seconds=0.02, max_poll_seconds=0.05
     )
     kind, _, processes = mode.partition(":")
+    count = int(processes or 1)
     executor: Any = kind
-    if processes:
-        choice = AsyncIO if kind == "asyncio" else Threads
-        executor = choice(processes=int(processes))
+    if kind == "uvloop":
+        executor = AsyncIO(processes=count, loop="uvloop")
+    elif processes:
+        executor = AsyncIO(processes=count) if kind == "asyncio" else Threads(processes=count)
     register = coordinator.transactional_worker(
         name=WORKER, source=Call, concurrency=concurrency, executor=executor
     )
-    if kind == "asyncio":
+    if kind in ("asyncio", "uvloop"):
         register(wait_async)
     else:
         register(wait_sync)

@@ -22,7 +22,7 @@ from sqlalchemy import Float, Integer, String, event
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from dbworker import Coordinator, Finished, Outcome, Unfinished
+from dbworker import AsyncIO, Coordinator, Finished, Outcome, Unfinished
 from runfiles import number_run, wait_for_any, write_atomically
 
 WORKER = "crash"
@@ -150,8 +150,10 @@ async def handle_async(source: Item, session: AsyncSession) -> Outcome:
 
 
 def register(coordinator: Coordinator, concurrency: int, executor: str | None = None) -> None:
-    """Register the crash worker; used by the tests and by run_coordinator alike."""
-    handler: Any = handle_async if executor == "asyncio" else handle
+    """Register the crash worker; used by the tests and by run_coordinator alike.
+    ``executor``: an executor's name, or "uvloop" (``AsyncIO(loop="uvloop")``)."""
+    handler: Any = handle_async if executor in ("asyncio", "uvloop") else handle
+    choice: Any = AsyncIO(loop="uvloop") if executor == "uvloop" else executor
     coordinator.transactional_worker(
-        name=WORKER, source=Item, concurrency=concurrency, executor=executor
+        name=WORKER, source=Item, concurrency=concurrency, executor=choice
     )(handler)

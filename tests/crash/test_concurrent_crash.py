@@ -27,7 +27,7 @@ IN_FLIGHT = 50
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["threads", "asyncio"])
+@pytest.mark.parametrize("executor", ["threads", "asyncio", "uvloop"])
 def test_sigkilled_process_with_fifty_handlers_in_flight_reruns_each_once(
     engine: Engine, workdir: Path, coordinators: CoordinatorFactory, executor: str
 ) -> None:

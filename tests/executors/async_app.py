@@ -78,7 +78,9 @@ async def handle(source: app.Item, session: AsyncSession) -> Outcome:
             item_id=item_id,
             run=run,
             pid=os.getpid(),
-            info=json.dumps(app.process_facts()),
+            info=json.dumps(
+                {**app.process_facts(), "loop": type(asyncio.get_running_loop()).__module__}
+            ),
         )
     )
     if "touch" not in actions:

@@ -115,8 +115,10 @@ def test_a_single_threaded_service_forks_its_handler_process(rig: Rig, mode: str
     assert {pid for _, pid in report["effects"].values()} == {handler["pid"]}
 
 
-def test_async_outcomes_are_recorded_with_their_writes(rig: Rig) -> None:
-    coordinator = rig.coordinator("asyncio", concurrency=4, handler=async_app.handle)
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_async_outcomes_are_recorded_with_their_writes(rig: Rig, loop: str) -> None:
+    choice = AsyncIO(loop=loop)
+    coordinator = rig.coordinator(choice, concurrency=4, handler=async_app.handle)
     ids = rig.add("finish", "unfinished;finish", "raise", "wrong", "commit")
     coordinator.start()
     rig.wait_status(coordinator, ids[:2], FINISHED)
@@ -129,6 +131,7 @@ def test_async_outcomes_are_recorded_with_their_writes(rig: Rig) -> None:
     assert committed is not None and "do not commit" in (committed["error"] or "")
     # Unfinished() commits its writes too; a failure's writes roll back.
     assert Counter(e.item_id for e in rig.effects()) == Counter({ids[0]: 1, ids[1]: 2})
+    assert {e.info["loop"].partition(".")[0] for e in rig.effects()} == {loop}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -327,12 +330,18 @@ def test_a_missing_async_driver_is_named(tmp_path: Path, monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize(
     "options",
-    [{"processes": 0}, {"lag_warning": 0}, {"driver": ""}],
-    ids=["processes", "lag_warning", "driver"],
+    [{"processes": 0}, {"lag_warning": 0}, {"driver": ""}, {"loop": "trio"}],
+    ids=["processes", "lag_warning", "driver", "loop"],
 )
 def test_asyncio_options_are_checked(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         AsyncIO(**options)
+
+
+def test_a_missing_event_loop_package_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed
+    with pytest.raises(ConfigurationError, match=r"pip install 'dbworker\[uvloop\]'"):
+        AsyncIO(loop="uvloop")
 
 
 def test_threads_options_are_checked() -> None:

@@ -72,7 +72,8 @@ def shares(total: int, processes: int) -> list[int]:
 class MultiplexedPool(Executor):
     """``processes`` processes sharing ``slots``; ``asyncio``: tasks of an event loop,
     else threads. ``driver``: the asyncio driver (None: the backend's default);
-    ``lag_warning``: the loop lag, in seconds, that is reported."""
+    ``lag_warning``: the loop lag, in seconds, that is reported; ``loop``: the event
+    loop ("asyncio" or "uvloop")."""
 
     def __init__(
         self,
@@ -85,6 +86,7 @@ class MultiplexedPool(Executor):
         start_method: str | None = None,
         driver: str | None = None,
         lag_warning: float = 0.25,
+        loop: str = "asyncio",
     ) -> None:
         super().__init__(slots, runner, parent_pid)
         #: None: the process is the coordinator's own child, with no fork server or
@@ -95,6 +97,7 @@ class MultiplexedPool(Executor):
         self.asyncio = asyncio
         self.driver = driver
         self.lag_warning = lag_warning
+        self.loop = loop
         self._shares = shares(slots, processes)
         self._lifecycle = Children(self._launch, self._ready, lambda child: None)
         self._children: list[Child] = self._lifecycle.members
@@ -126,7 +129,7 @@ class MultiplexedPool(Executor):
         self._next_share += 1
         if self.asyncio:
             target: Any = asyncio_main
-            args: tuple[Any, ...] = (share, self.driver, self.lag_warning)
+            args: tuple[Any, ...] = (share, self.driver, self.lag_warning, self.loop)
         else:
             target, args = threads_main, (share,)
         if self._context is None:

@@ -25,6 +25,7 @@ import contextlib
 import select
 import signal
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -152,14 +153,24 @@ def asyncio_main(
     capacity: int,
     driver: str | None,
     lag_warning: float,
+    loop: str = "asyncio",
 ) -> None:
     """A process running ``async def`` handlers, up to ``capacity`` at once, as tasks of
-    one event loop."""
+    one event loop (``loop``: "asyncio" or "uvloop")."""
     _start(conn, parent_pid)
     try:
-        asyncio.run(_LoopServer(conn, runner, lag_warning).serve(capacity, driver))
+        with asyncio.Runner(loop_factory=_loop_factory(loop)) as running:
+            running.run(_LoopServer(conn, runner, lag_warning).serve(capacity, driver))
     finally:
         runner.dispose()
+
+
+def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if loop == "uvloop":
+        import uvloop  # checked by AsyncIO(loop=...): installed
+
+        return uvloop.new_event_loop
+    return None  # the standard library's
 
 
 class _LoopServer:

@@ -7,6 +7,7 @@ Strings are shortcuts for the defaults: "pool", "spawn", "subprocess", "inline",
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import multiprocessing
 import sys
@@ -245,6 +246,9 @@ class Threads(_Choice):
 #: The event-loop lag (seconds) reported as a handler blocking the loop.
 DEFAULT_LAG_WARNING = 0.25
 
+#: The event loops ``AsyncIO(loop=...)`` runs on, and the dbworker extra of each.
+EVENT_LOOPS = {"asyncio": None, "uvloop": "uvloop"}
+
 
 @dataclass(frozen=True, slots=True)
 class AsyncIO(_Choice):
@@ -256,12 +260,15 @@ class AsyncIO(_Choice):
     change. A timeout cancels the task. ``driver`` is the asyncio driver (default:
     psycopg on PostgreSQL, aiosqlite on SQLite, aiomysql on MySQL and MariaDB); a
     handler that blocks the loop for ``lag_warning`` seconds or more is reported.
+    ``loop``: the event loop, the standard library's ``"asyncio"`` or ``"uvloop"``
+    (the ``uvloop`` extra; less of each statement's time spent in the loop).
     ``start_method``: as for ``Threads``.
     """
 
     processes: int = 1
     driver: str | None = None
     lag_warning: float = DEFAULT_LAG_WARNING
+    loop: str = "asyncio"
     start_method: str | None = None
     reruns_main: ClassVar[bool] = True
     runs_async: ClassVar[bool] = True
@@ -277,6 +284,16 @@ class AsyncIO(_Choice):
             raise ConfigurationError(f"lag_warning must be a number > 0, got {self.lag_warning!r}")
         if self.driver is not None and (not isinstance(self.driver, str) or not self.driver):
             raise ConfigurationError(f"driver must be a driver name, got {self.driver!r}")
+        if self.loop not in EVENT_LOOPS:
+            raise ConfigurationError(
+                f"loop must be one of {', '.join(map(repr, EVENT_LOOPS))}, got {self.loop!r}"
+            )
+        extra = EVENT_LOOPS[self.loop]
+        if extra is not None and importlib.util.find_spec(self.loop) is None:
+            raise ConfigurationError(
+                f"AsyncIO(loop={self.loop!r}) needs the {self.loop} package, which is not "
+                f"installed: pip install 'dbworker[{extra}]'"
+            )
 
     def build(self, slots: int, runner: TemplateRunner, parent_pid: int) -> Executor:
         from .multiplexed import MultiplexedPool
@@ -290,6 +307,7 @@ class AsyncIO(_Choice):
             start_method=self.start_method,
             driver=self.driver,
             lag_warning=self.lag_warning,
+            loop=self.loop,
         )
 
 
