@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from sqlalchemy import create_engine, select
@@ -116,7 +116,9 @@ def test_a_single_threaded_service_forks_its_handler_process(rig: Rig, mode: str
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_async_outcomes_are_recorded_with_their_writes(rig: Rig, loop: str) -> None:
+def test_async_outcomes_are_recorded_with_their_writes(
+    rig: Rig, loop: Literal["asyncio", "uvloop"]
+) -> None:
     choice = AsyncIO(loop=loop)
     coordinator = rig.coordinator(choice, concurrency=4, handler=async_app.handle)
     ids = rig.add("finish", "unfinished;finish", "raise", "wrong", "commit")

@@ -13,7 +13,7 @@ import multiprocessing
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from ..core.errors import ConfigurationError
 from .base import Executor, TemplateRunner
@@ -261,14 +261,14 @@ class AsyncIO(_Choice):
     psycopg on PostgreSQL, aiosqlite on SQLite, aiomysql on MySQL and MariaDB); a
     handler that blocks the loop for ``lag_warning`` seconds or more is reported.
     ``loop``: the event loop, the standard library's ``"asyncio"`` or ``"uvloop"``
-    (the ``uvloop`` extra; less of each statement's time spent in the loop).
+    (the ``uvloop`` extra).
     ``start_method``: as for ``Threads``.
     """
 
     processes: int = 1
     driver: str | None = None
     lag_warning: float = DEFAULT_LAG_WARNING
-    loop: str = "asyncio"
+    loop: Literal["asyncio", "uvloop"] = "asyncio"
     start_method: str | None = None
     reruns_main: ClassVar[bool] = True
     runs_async: ClassVar[bool] = True
@@ -284,7 +284,7 @@ class AsyncIO(_Choice):
             raise ConfigurationError(f"lag_warning must be a number > 0, got {self.lag_warning!r}")
         if self.driver is not None and (not isinstance(self.driver, str) or not self.driver):
             raise ConfigurationError(f"driver must be a driver name, got {self.driver!r}")
-        if self.loop not in EVENT_LOOPS:
+        if not isinstance(self.loop, str) or self.loop not in EVENT_LOOPS:
             raise ConfigurationError(
                 f"loop must be one of {', '.join(map(repr, EVENT_LOOPS))}, got {self.loop!r}"
             )

@@ -62,12 +62,14 @@ def async_url(url: str | URL, driver: str | None = None) -> URL:
 
 
 def pool_options(options: dict[str, Any], url: URL, capacity: int) -> dict[str, Any]:
-    """``options`` with a connection pool that holds ``capacity`` invocations at once
-    (each may use two connections: its own, and one to record its failure), unless
-    the user chose the pool."""
+    """``options`` with a connection pool that holds ``capacity`` invocations at once,
+    unless the user chose the pool. Each keeps one connection; it may use two more, on
+    demand: one to read the source row apart (``Dialect.source_read_apart``, kept by a
+    thread), and one to record its failure (with the pool one short, a failing handler's
+    record waited for the pool's timeout, 30 s, then was left to the coordinator)."""
     if "poolclass" in options or "pool" in options or url.database in (None, "", ":memory:"):
         return options
-    return {"pool_size": capacity, "max_overflow": capacity, **options}
+    return {"pool_size": capacity, "max_overflow": 2 * capacity, **options}
 
 
 class AsyncRuntime:
