@@ -28,18 +28,25 @@ HANG = 60.0
 pytestmark = pytest.mark.backends("sqlite")
 
 
-def _engine(url: str, *, handlers: bool) -> Engine:
-    url = f"{url}?timeout={TIMEOUT}"
-    engine = create_engine(url)
+def _engine(url: str, *, handlers: bool, connect_args: bool = False) -> Engine:
+    """``url``'s engine, configured as dbworker's, its busy timeout TIMEOUT: in the URL,
+    or (``connect_args``) in the driver's connect arguments."""
+    if connect_args:
+        engine = create_engine(url, connect_args={"timeout": TIMEOUT})
+    else:
+        url = f"{url}?timeout={TIMEOUT}"
+        engine = create_engine(url)
     for_url(url).configure_engine(engine, handlers=handlers)
     return engine
 
 
-def _write_while_another_holds_the_turn(url: str, *, handlers: bool) -> BaseException | None:
+def _write_while_another_holds_the_turn(
+    url: str, *, handlers: bool, connect_args: bool = False
+) -> BaseException | None:
     """Hold the write lock for HOLD seconds on one engine while another (a handler
     process's, or the coordinator's) writes; what that write raised, if anything."""
     holder = _engine(url, handlers=False)
-    waiter = _engine(url, handlers=handlers)
+    waiter = _engine(url, handlers=handlers, connect_args=connect_args)
     with holder.begin() as conn:
         conn.execute(text("CREATE TABLE IF NOT EXISTS t (x INTEGER)"))
     outcome: list[BaseException | None] = []
@@ -70,9 +77,16 @@ def test_a_handler_connection_waits_for_its_turn_past_the_busy_timeout(database_
     assert _write_while_another_holds_the_turn(database_url, handlers=True) is None
 
 
-def test_a_coordinator_connection_gives_up_after_the_busy_timeout(database_url: str) -> None:
-    # The test above can fail: the same write, impatient, meets a locked database.
-    error = _write_while_another_holds_the_turn(database_url, handlers=False)
+@pytest.mark.parametrize("where", ["url", "connect_args"])
+def test_a_coordinator_connection_gives_up_after_the_busy_timeout(
+    database_url: str, where: str
+) -> None:
+    # The test above can fail: the same write, impatient, meets a locked database. The
+    # busy timeout bounds the wait for a turn wherever it was given (with connect_args
+    # the turn waited for the default 30 s, past the holder's commit, and then wrote).
+    error = _write_while_another_holds_the_turn(
+        database_url, handlers=False, connect_args=where == "connect_args"
+    )
     assert isinstance(error, OperationalError) and "locked" in str(error)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -40,7 +41,7 @@ from .open_first import (
     pin_open_records,
     reuse,
 )
-from .sqlite_turns import take_turns
+from .sqlite_turns import BUSY_TIMEOUT_INFO, take_turns
 from .terms import READ_ONLY_OPTION, Claim, Owner, WorkerTable, claim_columns
 
 #: How long a connection waits for the write lock before SQLITE_BUSY, unless the
@@ -212,9 +213,12 @@ class SQLiteDialect(Dialect):
         super().configure_engine(engine, handlers)
 
         @event.listens_for(engine, "do_connect")
-        def _do_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: Any) -> None:
-            # pysqlite's ``timeout`` is SQLite's busy timeout; keep the user's choice.
+        def _do_connect(_dialect: Any, record: Any, _cargs: Any, cparams: Any) -> None:
+            # pysqlite's ``timeout`` is SQLite's busy timeout; keep the user's choice
+            # (the URL's or connect_args'), and bound the wait for a turn by it too.
             cparams.setdefault("timeout", BUSY_TIMEOUT_MS / 1000)
+            with contextlib.suppress(TypeError, ValueError):
+                record.info[BUSY_TIMEOUT_INFO] = float(cparams["timeout"])
 
         @event.listens_for(engine, "connect")
         def _connect(dbapi_connection: Any, _record: Any) -> None:

@@ -40,6 +40,9 @@ _FD = "dbworker_turn_fd"
 _HELD = "dbworker_turn_held"
 #: The holding thread's count of turns held (``_held_here()``), to give one back.
 _THREAD = "dbworker_turn_thread"
+#: Where a connection's record keeps its busy timeout (seconds), which bounds its wait
+#: for a turn too; set when it connects (``sqlite.py``).
+BUSY_TIMEOUT_INFO = "dbworker_busy_timeout"
 #: First and longest pause between two looks at a taken turn (seconds).
 FIRST_PAUSE = 0.00002
 LONGEST_PAUSE = 0.001
@@ -49,7 +52,8 @@ _mine = threading.local()
 
 def take_turns(engine: Engine, database: str, timeout: float, patient: bool = False) -> None:
     """Make ``engine``'s transactions queue for the write lock of ``database`` (a path);
-    ``patient``: they may wait for their turn without a deadline (see above)."""
+    ``patient``: they may wait for their turn without a deadline (see above); else for
+    the connection's busy timeout (``BUSY_TIMEOUT_INFO``), or ``timeout`` seconds."""
     path = database + SUFFIX
 
     @event.listens_for(engine, "connect")
@@ -70,7 +74,8 @@ def take_turns(engine: Engine, database: str, timeout: float, patient: bool = Fa
         if not connection.invalidated and not connection.get_execution_options().get(
             READ_ONLY_OPTION
         ):
-            _take(connection.connection.info, path, timeout, patient)
+            info = connection.connection.info
+            _take(info, path, info.get(BUSY_TIMEOUT_INFO, timeout), patient)
 
     @event.listens_for(engine, "commit")
     def _commit(connection: Any) -> None:

@@ -137,12 +137,17 @@ class Harness:
 
     # -- connections -------------------------------------------------------------------
 
-    def _engine(self, coordinated: bool) -> Engine:
+    def _engine(self, coordinated: bool, lock_timeout: float | None = None) -> Engine:
         # The application's engine keeps a pool (reads between steps reuse connections;
         # PyMySQL's connect is slow); an actor's engine backs exactly one connection.
         options = self.dialect.coordinator_engine_options() if coordinated else {}
         if coordinated:
             options = {**options, "poolclass": NullPool}
+        if lock_timeout is not None:  # an actor's (the application's engine comes first)
+            server = SERVERS.get(self.app_engine.dialect.name)
+            if server is not None and server.lock_timeout_connect_args is not None:
+                connect_args = server.lock_timeout_connect_args(lock_timeout)
+                options["connect_args"] = {**options.get("connect_args", {}), **connect_args}
         engine = create_engine(self.url, **options)
         if coordinated:
             self.dialect.configure_engine(engine)
@@ -164,7 +169,8 @@ class Harness:
 
     def actor(self, lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> Connection:
         """A coordinator's connection: its own engine, configured as dbworker does."""
-        return self._connect(self._engine(coordinated=True), lock_timeout)
+        engine = self._engine(coordinated=True, lock_timeout=lock_timeout)
+        return self._connect(engine, lock_timeout)
 
     def app(self, lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> Connection:
         """An application connection: the user's engine defaults, nothing from dbworker."""

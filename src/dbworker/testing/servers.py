@@ -43,6 +43,10 @@ class Server:
     #: Whether a unique index's duplicate check locks a range of it (InnoDB's next-key
     #: locks): another transaction's write of a different value there may then wait.
     unique_checks_lock_ranges: bool = False
+    #: Driver connect arguments bounding a new connection's lock waits to a number of
+    #: seconds, for what reads them there rather than from ``lock_timeout``'s SQL (the
+    #: SQLite dialect's turns at the write lock); None: none are needed.
+    lock_timeout_connect_args: Callable[[float], dict[str, Any]] | None = None
 
 
 def _sqlstate(error: DBAPIError) -> str | None:
@@ -89,6 +93,8 @@ MYSQL = Server(
 )
 SQLITE = Server(
     lock_timeout=lambda seconds: f"PRAGMA busy_timeout = {round(seconds * 1000)}",
+    # pysqlite's busy timeout, which the dialect's turns at the write lock wait for too.
+    lock_timeout_connect_args=lambda seconds: {"timeout": seconds},
     machine_session=(
         # Replaces the dialect's busy timeout: a second writer is a bug in the
         # machine's preconditions and should fail, not hang for 30 s.
