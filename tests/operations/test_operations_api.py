@@ -113,7 +113,9 @@ def test_the_registry_and_the_live_gauges_of_a_running_coordinator(ops: Site) ->
     coordinator = ops.coordinator()
     coordinator.transactional_worker(name="jobs", source=app.Job, concurrency=2)(app.run_job)
     coordinator.create_worker_tables()
-    coordinator._registry_timing = Timing(heartbeat=0.1, stats=0.1)
+    # Counts every 0.1 s, but stale only after 5 s without a heartbeat: on a loaded
+    # machine a beat can be late by more than the default three periods.
+    coordinator._registry_timing = Timing(heartbeat=0.1, stats=0.1, stale_after=50)
     operations = coordinator.operations
     assert operations.live() == LiveGauges({"jobs": WorkerLoad(2, 0, 0)}, {}, None)
     assert operations.coordinators() == []
