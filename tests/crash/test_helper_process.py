@@ -18,6 +18,9 @@ from dbworker.executors import children
 
 #: The application the service runs: a SQLite worker whose fork server is killed, with
 #: its request pending, every time a process is started (what a supervisor must hear of).
+#: Its pool starts from the fork server from the first process on (by default a
+#: single-threaded service forks its pool's first processes itself, ``interpreter.py``,
+#: and the fork server starts processes only to replace them).
 APP = """
 import multiprocessing.forkserver as forkserver
 import os
@@ -26,7 +29,7 @@ import signal
 from sqlalchemy import Integer, create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from dbworker import Coordinator, Finished
+from dbworker import Coordinator, Finished, Pool
 
 
 class Base(DeclarativeBase):
@@ -44,7 +47,7 @@ Base.metadata.create_all(engine)
 coordinator = Coordinator(sessionmaker(engine), database_url=URL)
 
 
-@coordinator.transactional_worker("job", Job)
+@coordinator.transactional_worker("job", Job, executor=Pool(start_method="forkserver"))
 def job(row: Job, session) -> Finished:
     return Finished()
 

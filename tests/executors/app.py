@@ -7,7 +7,8 @@ Actions in the order they happen:
 - ``gate``: wait until the test opens this run's gate (a file);
 - ``hang``: sleep far longer than any test (only a kill ends it);
 - ``lock``: update its own item row (a row lock, on SQLite the write lock) and
-  flush, so that a death after it leaves a transaction holding a lock;
+  flush, so that a death after it leaves a transaction holding a lock; then say so
+  (``locked_path``);
 - ``touch``: change the first item of its directory (by an SQL expression) and leave
   the change for dbworker's flush, when the handler ends;
 - ``session``: (PostgreSQL) record what it finds of a previous invocation's session
@@ -37,7 +38,7 @@ from sqlalchemy import Integer, String, Text, func, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from dbworker import Finished, Outcome, Unfinished
-from runfiles import number_run, wait_for_any
+from runfiles import number_run, wait_for_any, write_atomically
 
 WORKER = "job"
 DEPENDENT = "after_job"
@@ -89,6 +90,11 @@ def run_path(workdir: str | Path, worker: str, item_id: int, run: int) -> Path:
 
 def gate_path(workdir: str | Path, item_id: int, run: int) -> Path:
     return Path(workdir) / f"go-{item_id}-{run}"
+
+
+def locked_path(workdir: str | Path, item_id: int, run: int) -> Path:
+    """Written once a ``lock`` action holds its lock."""
+    return Path(workdir) / f"locked-{item_id}-{run}"
 
 
 def announce_run(workdir: str, worker: str, item_id: int) -> int:
@@ -177,6 +183,7 @@ def _run(worker: str, source: Item, session: Session, plan: str | None = None) -
         elif action == "lock":
             session.execute(update(Item).where(Item.id == item_id).values(plan=plan))
             session.flush()
+            write_atomically(locked_path(workdir, item_id, run))
         elif action == "touch":
             first_id = session.scalar(select(func.min(Item.id)).where(Item.workdir == workdir))
             first = session.get(Item, first_id)

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from dbworker import Finished, Outcome, Unfinished
+from runfiles import write_atomically
 
 from . import app
 
@@ -64,6 +65,7 @@ async def handle(source: app.Item, session: AsyncSession) -> Outcome:
             await session.execute(
                 update(app.Item).where(app.Item.id == item_id).values(plan=app.Item.plan)
             )
+            write_atomically(app.locked_path(workdir, item_id, run))
         elif action == "touch":
             first_id = await session.scalar(
                 select(func.min(app.Item.id)).where(app.Item.workdir == workdir)

@@ -1,12 +1,14 @@
-"""A service that starts a Threads or AsyncIO coordinator from a single-threaded process
-(``python -m tests.executors.forked_app URL MODE``), as most services do: its handler
-process is then forked from the coordinator (``executors/interpreter.py``). Prints one
+"""A service that starts a Threads, AsyncIO or Pool coordinator from a single-threaded
+process (``python -m tests.executors.forked_app URL MODE``), as most services do: its
+handler processes are then forked from the coordinator (``executors/interpreter.py``;
+the pool's, ``POOL_CONCURRENCY`` of them, as it starts). Prints one
 JSON line: the coordinator's pid, each call's handler pids, and the processes under the
 coordinator with their parents and whether each catches SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,13 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Integer, create_engine, func, select
+from sqlalchemy import Connection, Engine, Integer, create_engine, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from dbworker import Coordinator, ExecutionStatus, Finished
 
 CALLS = 20
+POOL_CONCURRENCY = 2
 
 
 class Base(DeclarativeBase):
@@ -42,6 +45,27 @@ class ForkedEffect(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     call_id: Mapped[int] = mapped_column(Integer)
     pid: Mapped[int] = mapped_column(Integer)
+    #: The server session of the application's engine the handler used (None on SQLite).
+    app_session: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+#: The application's own engine, beside the coordinator's: the service uses it before it
+#: starts the coordinator, so its pool holds connections when the handler processes
+#: fork, and the pool's handler uses it too (a module-level engine, as many apps have).
+APP_ENGINE: Engine | None = None
+#: Connections the service holds open at once before it starts: its pool then has that
+#: many, all of which the service has seen.
+APP_CONNECTIONS = 3
+
+
+def server_session(conn: Connection) -> int | None:
+    """Which server session ``conn`` is (None on SQLite: no server)."""
+    name = conn.dialect.name
+    if name == "postgresql":
+        return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+    if name in ("mysql", "mariadb"):
+        return int(conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one())
+    return None
 
 
 async def handle_async(call: ForkedCall, session: AsyncSession) -> Finished:
@@ -53,6 +77,16 @@ async def handle_async(call: ForkedCall, session: AsyncSession) -> Finished:
 def handle_sync(call: ForkedCall, session: Session) -> Finished:
     time.sleep(0.05)
     session.add(ForkedEffect(call_id=call.id, pid=os.getpid()))
+    return Finished()
+
+
+def handle_pool(call: ForkedCall, session: Session) -> Finished:
+    """As ``handle_sync``, and it reads through the application's engine too."""
+    assert APP_ENGINE is not None
+    with APP_ENGINE.connect() as conn:
+        app_session = server_session(conn)
+    time.sleep(0.05)
+    session.add(ForkedEffect(call_id=call.id, pid=os.getpid(), app_session=app_session))
     return Finished()
 
 
@@ -78,13 +112,23 @@ def children_of(pid: int) -> list[int]:
 def main(url: str, mode: str) -> None:
     # An application's own handler, as a service installs one before it starts.
     signal.signal(signal.SIGTERM, lambda *_: None)
+    global APP_ENGINE
     engine = create_engine(url)
     Base.metadata.drop_all(engine)
     Base.metadata.create_all(engine)
+    APP_ENGINE = create_engine(url)
+    with contextlib.ExitStack() as held:
+        held_open = [held.enter_context(APP_ENGINE.connect()) for _ in range(APP_CONNECTIONS)]
+        app_sessions = [server_session(conn) for conn in held_open]
     coordinator = Coordinator(sessionmaker(engine), database_url=url, poll_seconds=0.05)
-    register = coordinator.transactional_worker("forked", ForkedCall, concurrency=8, executor=mode)
+    concurrency = POOL_CONCURRENCY if mode == "pool" else 8
+    register = coordinator.transactional_worker(
+        "forked", ForkedCall, concurrency=concurrency, executor=mode
+    )
     if mode == "asyncio":
         register(handle_async)
+    elif mode == "pool":
+        register(handle_pool)
     else:
         register(handle_sync)
     coordinator.create_worker_tables()
@@ -120,6 +164,11 @@ def main(url: str, mode: str) -> None:
                     ForkedEffect.call_id
                 )
             ).all()
+            used = session.scalars(select(ForkedEffect.app_session).distinct()).all()
+        # The service's own connections still work (none was used or closed elsewhere).
+        with contextlib.ExitStack() as held:
+            held_open = [held.enter_context(APP_ENGINE.connect()) for _ in range(APP_CONNECTIONS)]
+            app_sessions_after = [server_session(conn) for conn in held_open]
     finally:
         coordinator.stop()
         Base.metadata.drop_all(engine)
@@ -129,6 +178,9 @@ def main(url: str, mode: str) -> None:
                 "coordinator": os.getpid(),
                 "effects": {str(call): [count, pid] for call, count, pid in effects},
                 "tree": tree,
+                "app_sessions": app_sessions,
+                "app_sessions_after": app_sessions_after,
+                "handler_app_sessions": [s for s in used if s is not None],
             }
         ),
         flush=True,

@@ -221,6 +221,11 @@ class Rig:
         wait_until(path.exists, f"run {run} of item {item_id} to start")
         return int(path.read_text())
 
+    def wait_locked(self, item_id: int, run: int) -> None:
+        """Wait until run ``run`` of ``item_id`` holds the lock of its ``lock`` action."""
+        path = app.locked_path(self.workdir, item_id, run)
+        wait_until(path.exists, f"run {run} of item {item_id} to hold its lock")
+
     def open_gate(self, item_id: int, run: int) -> None:
         write_atomically(app.gate_path(self.workdir, item_id, run))
 

@@ -95,6 +95,41 @@ def test_a_single_threaded_service_forks_its_handler_process(rig: Rig, mode: str
     """Started from a single-threaded process, the handler process is forked from the
     coordinator and is its only process: no fork server, no resource tracker. The
     application's SIGTERM handler is not inherited; every call commits exactly once."""
+    report = _forked_app(rig, mode)
+    [handler] = report["tree"]
+    assert handler["parent"] == report["coordinator"]
+    assert handler["forked"], "forked from the coordinator, not a new interpreter"
+    assert not handler["catches_sigterm"], "the application's SIGTERM handler was reset"
+    assert sorted(report["effects"]) == sorted(str(n) for n in range(1, forked_app.CALLS + 1))
+    assert {count for count, _ in report["effects"].values()} == {1}, "exactly once"
+    assert {pid for _, pid in report["effects"].values()} == {handler["pid"]}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_a_single_threaded_service_forks_its_pool_processes(rig: Rig) -> None:
+    """The process pool's first processes fork from a single-threaded coordinator too:
+    its tree is the coordinator and its handler processes, no fork server and no
+    resource tracker (those start only to replace a process). The application's SIGTERM
+    handler is not inherited; every call commits exactly once."""
+    report = _forked_app(rig, "pool")
+    tree = report["tree"]
+    assert len(tree) == forked_app.POOL_CONCURRENCY, tree
+    for handler in tree:
+        assert handler["parent"] == report["coordinator"]
+        assert handler["forked"], "forked from the coordinator, not a new interpreter"
+        assert not handler["catches_sigterm"], "the application's SIGTERM handler was reset"
+    assert sorted(report["effects"]) == sorted(str(n) for n in range(1, forked_app.CALLS + 1))
+    assert {count for count, _ in report["effects"].values()} == {1}, "exactly once"
+    assert {pid for _, pid in report["effects"].values()} <= {h["pid"] for h in tree}
+    # The application's engine, whose pooled connections the processes inherited: they
+    # used sessions of their own, and the service's own connections outlived them.
+    if rig.engine.dialect.name != "sqlite":
+        assert report["handler_app_sessions"], "the handlers read through the app's engine"
+        assert not set(report["handler_app_sessions"]) & set(report["app_sessions"])
+        assert sorted(report["app_sessions_after"]) == sorted(report["app_sessions"])
+
+
+def _forked_app(rig: Rig, mode: str) -> dict[str, Any]:
     found = subprocess.run(
         [sys.executable, "-m", "tests.executors.forked_app", rig.url, mode],
         capture_output=True,
@@ -105,14 +140,8 @@ def test_a_single_threaded_service_forks_its_handler_process(rig: Rig, mode: str
         env=child_env(),
     )
     assert found.returncode == 0, found.stderr
-    report = json.loads(found.stdout.strip().splitlines()[-1])
-    [handler] = report["tree"]
-    assert handler["parent"] == report["coordinator"]
-    assert handler["forked"], "forked from the coordinator, not a new interpreter"
-    assert not handler["catches_sigterm"], "the application's SIGTERM handler was reset"
-    assert sorted(report["effects"]) == sorted(str(n) for n in range(1, forked_app.CALLS + 1))
-    assert {count for count, _ in report["effects"].values()} == {1}, "exactly once"
-    assert {pid for _, pid in report["effects"].values()} == {handler["pid"]}
+    report: dict[str, Any] = json.loads(found.stdout.strip().splitlines()[-1])
+    return report
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
@@ -151,7 +180,7 @@ def test_endings_waiting_on_a_lock_held_by_a_handler_waiting_to_end_all_commit(
     coordinator.start()
     for item_id in (holder, *waiters):
         rig.wait_run(item_id, 1)
-    time.sleep(0.5)  # the holder's lock taken (ordering only: no timing is asserted)
+    rig.wait_locked(holder, 1)
     for item_id in waiters:
         rig.open_gate(item_id, 1)
     time.sleep(0.5)  # both waiters in their endings, waiting on the lock

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import make_url
 
 from dbworker.core.tasks import Result, ResultKind
-from dbworker.invocation.async_runtime import pool_options
+from dbworker.invocation.connections import pool_options
 from dbworker.invocation.runtime import ChildConfig, Runtime
 
 from .test_group import rig  # noqa: F401  (the fixture: claimed items of every database)

@@ -1,11 +1,12 @@
-"""Starting the handler process of the threads and asyncio executors, without
-multiprocessing's helper processes.
+"""Starting handler processes without multiprocessing's helper processes.
 
-These executors run one process (or a few) for the whole worker, so the fork server's
-point (cheap, preloaded starts, many of them) is lost on them while its cost stays:
-the fork server and multiprocessing's resource tracker are two more processes in the
-tree (about 45 MiB of PSS between them in benchmarks.io, beside a handler process of
-about 40). So the process is the coordinator's own child, started one of two ways:
+The threads and asyncio executors run one process (or a few) for the whole worker, so
+the fork server's point (cheap, preloaded starts, many of them) is lost on them while
+its cost stays: the fork server and multiprocessing's resource tracker are two more
+processes in the tree (about 45 MiB of PSS between them in benchmarks.io, beside a
+handler process of about 40). So the process is the coordinator's own child, started
+one of two ways (the process pool forks its first processes the same way, ``forked``,
+and starts later ones from the fork server):
 
 * Forked from the coordinator (``fork``), when the coordinator's process runs a
   single thread: at ``start()``, before the scheduler's thread and the heartbeat's
@@ -68,15 +69,24 @@ def start_handler(
     """Start ``target(its end of a new pipe, runner, *args)`` in a child process of
     this one, forked if that is safe, else a new interpreter; return the process and
     our end of the pipe."""
-    if single_threaded() and "fork" in multiprocessing.get_all_start_methods():
-        # A copy, as the other start methods pass it: only its configuration.
-        fresh = pickle.loads(pickle.dumps(runner))
-        gc.freeze()
-        try:
-            return start_process(multiprocessing.get_context("fork"), target, name, fresh, *args)
-        finally:
-            gc.unfreeze()
-    return launch(target, name, runner, *args)
+    started = forked(target, name, runner, *args)
+    return started if started is not None else launch(target, name, runner, *args)
+
+
+def forked(
+    target: Callable[..., None], name: str, runner: Any, *args: Any
+) -> tuple[ProcessHandle, Connection] | None:
+    """``target(its end of a new pipe, a copy of runner, *args)`` in a fork of this
+    process, if this process runs a single thread; else None (nothing started)."""
+    if not single_threaded() or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    # A copy, as the other start methods pass it: only its configuration.
+    fresh = pickle.loads(pickle.dumps(runner))
+    gc.freeze()
+    try:
+        return start_process(multiprocessing.get_context("fork"), target, name, fresh, *args)
+    finally:
+        gc.unfreeze()
 
 
 def launch(target: Callable[..., None], name: str, *args: Any) -> tuple[PopenHandle, Connection]:

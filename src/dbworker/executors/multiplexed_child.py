@@ -31,7 +31,16 @@ from typing import Any
 
 from ..core.tasks import Result, ResultKind, TaskKey, TaskMessage, describe, task_from_message
 from .base import ConcurrentRunner
-from .process import CANCEL, READY, answer, message_key, receive, send, watch_parent
+from .process import (
+    CANCEL,
+    READY,
+    answer,
+    default_signals,
+    message_key,
+    receive,
+    send,
+    watch_parent,
+)
 
 #: (CANCELLED, key): a withdrawn task ended without a result (its transaction rolled
 #: back), or never started.
@@ -54,12 +63,7 @@ def _crashed(key: TaskKey, exc: BaseException) -> Result:
 
 
 def _start(conn: Connection, parent_pid: int) -> None:
-    # A process forked from the coordinator (``interpreter.py``) inherited the
-    # application's Python signal handlers: back to a new interpreter's defaults.
-    for number in signal.valid_signals():
-        with contextlib.suppress(OSError, ValueError):
-            if callable(signal.getsignal(number)):
-                signal.signal(number, signal.SIG_DFL)
+    default_signals()
     # Ctrl-C reaches the whole process group; the coordinator decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_parent(parent_pid)

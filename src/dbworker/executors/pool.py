@@ -53,6 +53,13 @@ class ProcessPool(Executor):
         # Choices are validated where users make them (strategies.py).
         self._context: Any = multiprocessing.get_context(start_method or default_start_method())
         self.max_tasks_per_child = max_tasks_per_child
+        #: The processes started with the pool fork from the coordinator while it runs a
+        #: single thread (``interpreter.forked``): they share its memory, and the fork
+        #: server and resource tracker start only if a process is ever replaced (by
+        #: then the coordinator runs threads, which a fork would copy mid-operation).
+        #: Not when the user chose a start method, nor for a pool that recycles its
+        #: processes, whose many starts the fork server makes cheap.
+        self._fork_first = start_method is None and max_tasks_per_child is None and not spares
         #: Processes kept started and ready beyond ``slots``: with few tasks per
         #: process, a ready one is waiting when a task ends, instead of a start.
         self.spares = spares
@@ -85,6 +92,13 @@ class ProcessPool(Executor):
     # -- hooks: how a process starts and says it is ready ----------------------------
 
     def _launch(self) -> tuple[ProcessHandle, Connection]:
+        if self._fork_first:
+            from .interpreter import forked  # it imports the subprocess pool, built on this
+
+            started = forked(child_main, "dbworker-handler", self.runner, self.parent_pid)
+            if started is not None:
+                return started
+            self._fork_first = False  # the coordinator runs threads now
         return start_process(
             self._context, child_main, "dbworker-handler", self.runner, self.parent_pid
         )

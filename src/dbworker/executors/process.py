@@ -62,6 +62,15 @@ def describe_exit(exitcode: int | None) -> str:
     return f"the handler process exited with status {exitcode}"
 
 
+def default_signals() -> None:
+    """A process forked from the coordinator (``interpreter.forked``) inherited the
+    application's Python signal handlers: back to a new interpreter's defaults."""
+    for number in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(number)):
+                signal.signal(number, signal.SIG_DFL)
+
+
 def watch_parent(parent_pid: int) -> None:
     """Exit this process when the coordinator ``parent_pid`` exits (from a thread)."""
     # A bare thread: threading.Thread's bookkeeping (and its wait for the thread
@@ -99,6 +108,7 @@ def answer(runner: Runner, message: TaskMessage) -> Result:
 
 def child_main(conn: Connection, runner: Runner, parent_pid: int) -> None:
     """A persistent handler process: warm up, say ready, answer tasks until told to stop."""
+    default_signals()
     # Ctrl-C reaches the whole process group; the coordinator decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_parent(parent_pid)

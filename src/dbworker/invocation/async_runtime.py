@@ -29,6 +29,7 @@ from ..core.policy import Decision, Ending, decide
 from ..core.tasks import ErrorInfo, Result, ResultKind, Task
 from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.terms import READ_ONLY_OPTION
+from .connections import pool_options
 from .failures import HandlerFailure
 from .loading import SourceLoader
 from .runtime import FINISHED, KEPT_AFTER, ChildConfig, worker_table
@@ -59,17 +60,6 @@ def async_url(url: str | URL, driver: str | None = None) -> URL:
     if chosen is None:
         return parsed  # a third-party backend: its URL is used as it is
     return parsed.set(drivername=f"{backend}+{chosen}")
-
-
-def pool_options(options: dict[str, Any], url: URL, capacity: int) -> dict[str, Any]:
-    """``options`` with a connection pool that holds ``capacity`` invocations at once,
-    unless the user chose the pool. Each keeps one connection; it may use two more, on
-    demand: one to read the source row apart (``Dialect.source_read_apart``, kept by a
-    thread), and one to record its failure (with the pool one short, a failing handler's
-    record waited for the pool's timeout, 30 s, then was left to the coordinator)."""
-    if "poolclass" in options or "pool" in options or url.database in (None, "", ":memory:"):
-        return options
-    return {"pool_size": capacity, "max_overflow": 2 * capacity, **options}
 
 
 class AsyncRuntime:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -22,8 +23,10 @@ from sqlalchemy.orm import configure_mappers
 
 from ..core.tasks import Result, Task, TaskKey
 from ..dialects.liveness import used_elsewhere
-from .async_runtime import AsyncRuntime, pool_options
+from .async_runtime import AsyncRuntime
+from .connections import pool_options
 from .group import run_group
+from .inherited import refuse_inherited_connections
 from .lending import LentConnections
 from .runtime import ChildConfig, Runtime
 
@@ -36,6 +39,9 @@ class ProcessRunner:
 
     def __init__(self, config: ChildConfig) -> None:
         self.config = config
+        #: The coordinator's process: a handler process forked from it (its pid differs)
+        #: must not use the pooled connections it inherited (``inherited.py``).
+        self._origin = os.getpid()
         self._runtime: Runtime | None = None
         self._lending: LentConnections | None = None
         self._async: AsyncRuntime | None = None
@@ -44,10 +50,11 @@ class ProcessRunner:
 
     def __getstate__(self) -> dict[str, Any]:
         # Only the configuration crosses to a new process; engines never do.
-        return {"config": self.config}
+        return {"config": self.config, "origin": self._origin}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.config = state["config"]
+        self._origin = state["origin"]
         self._runtime = None
         self._lending = None
         self._async = None
@@ -62,7 +69,12 @@ class ProcessRunner:
     # -- every handler process ---------------------------------------------------------
 
     def warm_up(self) -> None:
+        self._refuse_inherited()
         self.runtime.warm_up()
+
+    def _refuse_inherited(self) -> None:
+        if os.getpid() != self._origin:  # not drain(), in the coordinator's own process
+            refuse_inherited_connections()
 
     def run(self, task: Task) -> Result:
         if inspect.iscoroutinefunction(task.handler):
@@ -106,6 +118,7 @@ class ProcessRunner:
     async def start_async(self, capacity: int, driver: str | None) -> None:
         """Before an event loop's first invocation: the asyncio driver to use (None:
         the backend's default), how many invocations run at once; connect."""
+        self._refuse_inherited()
         self._async = AsyncRuntime(self.config, driver, capacity)
         await self._async.warm_up()
 
