@@ -15,7 +15,7 @@ import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
@@ -23,12 +23,16 @@ from sqlalchemy.orm import configure_mappers
 
 from ..core.tasks import Result, Task, TaskKey
 from ..dialects.liveness import used_elsewhere
-from .async_runtime import AsyncRuntime
 from .connections import pool_options
 from .group import run_group
 from .inherited import refuse_inherited_connections
 from .lending import LentConnections
 from .runtime import ChildConfig, Runtime
+
+if TYPE_CHECKING:
+    # Imported where used: SQLAlchemy's asyncio layer and greenlet (1.8 MiB) are loaded
+    # only by processes that run async def handlers, not by every coordinator.
+    from .async_runtime import AsyncRuntime
 
 #: Exit status of a handler process whose lent connection had to be replaced.
 LANE_REPLACED = 75
@@ -112,12 +116,16 @@ class ProcessRunner:
     @property
     def async_runtime(self) -> AsyncRuntime:
         if self._async is None:
+            from .async_runtime import AsyncRuntime
+
             self._async = AsyncRuntime(self.config)
         return self._async
 
     async def start_async(self, capacity: int, driver: str | None) -> None:
         """Before an event loop's first invocation: the asyncio driver to use (None:
         the backend's default), how many invocations run at once; connect."""
+        from .async_runtime import AsyncRuntime
+
         self._refuse_inherited()
         self._async = AsyncRuntime(self.config, driver, capacity)
         await self._async.warm_up()
