@@ -307,6 +307,8 @@ class Coordinator:
             try:
                 with self.session_factory() as session:
                     self._tables.check(session, engine)
+                with engine.connect() as conn:
+                    self._dialect.learn_server(conn)
                 preload_forkserver(self._url, self._workers.values())
                 runner = self._runner()
                 timings = self._timings

@@ -212,7 +212,7 @@ class Registration:
             self.retry,
             self.table.limits is not None and self.table.limits.keyed,
             # A grouped item has no start of its own for a timeout to count from.
-            alone=self.timeout is not None or not self.dialect.supports_group_commit,
+            alone=self.timeout is not None or not self.dialect.group_commit,
         )
 
     # -- status, for the application -------------------------------------------------

@@ -250,7 +250,21 @@ def test_tasks_are_never_grouped_where_the_dialect_says_so(database_url: str) ->
     coordinator.transactional_worker(name="grouped", source=GroupItem)(_finish)
     registration = coordinator._registration("grouped")
     task = registration.task(Claim(1, 7, 1, 0, 0))
-    assert task.alone is (not registration.dialect.supports_group_commit)
+    assert task.alone is (not registration.dialect.group_commit)
+
+
+def test_a_coordinator_groups_where_its_server_allows(database_url: str) -> None:
+    """What ``start()`` learns of the server decides (``Dialect.learn_server``): here no
+    server is a Galera node, so each dialect groups as it declares."""
+    engine = create_engine(database_url)
+    dialect = for_url(database_url)
+    try:
+        with engine.connect() as conn:
+            dialect.learn_server(conn)
+    finally:
+        engine.dispose()
+    assert dialect.group_commit is dialect.supports_group_commit
+    assert dialect.group_commit is (engine.dialect.name != "sqlite")
 
 
 def _finish(item: GroupItem, session: Session) -> Finished:

@@ -101,6 +101,9 @@ class DialectInterface(ABC):
         self._driver_forms = DriverForms()
         #: Rate slots seen, where one claimer runs at a time (``rate_slots``).
         self._rate_state = RateState()
+        #: Whether this coordinator's tasks may run in groups: the dialect's
+        #: ``supports_group_commit``, unless its server said otherwise (``learn_server``).
+        self.group_commit = self.supports_group_commit
 
     # -- time ----------------------------------------------------------------------
 
@@ -194,6 +197,11 @@ class DialectInterface(ABC):
         that a restarted server or an idle timeout costs no transaction an error.
         """
         ping_when_idle(engine)
+
+    def learn_server(self, conn: Connection) -> None:
+        """What the coordinator's ``start()`` learns of the server before any claim, on
+        one of its connections (by default nothing)."""
+        return None
 
     def configure_async_engine(self, engine: Engine) -> None:
         """Set up the synchronous core (``AsyncEngine.sync_engine``) of an async engine
