@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import datetime as dt
 import os
 import threading
@@ -24,6 +23,7 @@ from .engines import coordination_engine
 from .events import Events
 from .executors import ExecutorChoice, chooser
 from .executors import resolve as resolve_executor
+from .exit_hook import forget, stop_at_exit
 from .forkserver import preload_forkserver
 from .health import Health
 from .invocation import ChildConfig, ProcessRunner
@@ -335,7 +335,7 @@ class Coordinator:
                 raise
             self._engine = engine
             self._scheduler = scheduler
-            atexit.register(self._at_exit)
+            stop_at_exit(self)
             self._heartbeat = start_heartbeat(
                 engine,
                 self._dialect,
@@ -436,10 +436,7 @@ class Coordinator:
                 health.claimed,
                 health.completed,
             )
-        atexit.unregister(self._at_exit)
-
-    def _at_exit(self) -> None:
-        self.stop(timeout=0)
+        forget(self)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the coordinator has stopped, or ``timeout`` seconds; True if stopped."""
