@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import logging
 import multiprocessing
+import os
+import pickle
 import select
 import time
 from collections.abc import Callable
@@ -45,6 +48,30 @@ def default_start_method() -> str:
     # the coordinator's threads); spawn is the portable fallback.
     methods = multiprocessing.get_all_start_methods()
     return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def single_threaded() -> bool:
+    """Whether this process runs one thread (native threads included)."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:  # no /proc: cannot tell
+        return False
+
+
+def forked(
+    target: Callable[..., None], name: str, runner: Any, *args: Any
+) -> tuple[ProcessHandle, Connection] | None:
+    """``target(its end of a new pipe, a copy of runner, *args)`` in a fork of this
+    process, if this process runs a single thread; else None (nothing started)."""
+    if not single_threaded() or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    # A copy, as the other start methods pass it: only its configuration.
+    fresh = pickle.loads(pickle.dumps(runner))
+    gc.freeze()
+    try:
+        return start_process(multiprocessing.get_context("fork"), target, name, fresh, *args)
+    finally:
+        gc.unfreeze()
 
 
 def start_process(

@@ -5,8 +5,8 @@ the fork server's point (cheap, preloaded starts, many of them) is lost on them 
 its cost stays: the fork server and multiprocessing's resource tracker are two more
 processes in the tree (about 45 MiB of PSS between them in benchmarks.io, beside a
 handler process of about 40). So the process is the coordinator's own child, started
-one of two ways (the process pool forks its first processes the same way, ``forked``,
-and starts later ones from the fork server):
+one of two ways (the process pool forks its first processes the same way, with
+``children.forked``, and starts later ones from the fork server):
 
 * Forked from the coordinator (``fork``), when the coordinator's process runs a
   single thread: at ``start()``, before the scheduler's thread and the heartbeat's
@@ -37,10 +37,6 @@ Neither uses a named semaphore or shared memory, so neither needs the resource t
 from __future__ import annotations
 
 import contextlib
-import gc
-import multiprocessing
-import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -49,18 +45,10 @@ from multiprocessing import spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .children import ProcessHandle, start_process
+from .children import ProcessHandle, forked
 from .subprocess import PopenHandle
 
 _ENTRY = "from dbworker.executors.interpreter import main; main()"
-
-
-def single_threaded() -> bool:
-    """Whether this process runs one thread (native threads included)."""
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:  # no /proc: cannot tell
-        return False
 
 
 def start_handler(
@@ -71,22 +59,6 @@ def start_handler(
     our end of the pipe."""
     started = forked(target, name, runner, *args)
     return started if started is not None else launch(target, name, runner, *args)
-
-
-def forked(
-    target: Callable[..., None], name: str, runner: Any, *args: Any
-) -> tuple[ProcessHandle, Connection] | None:
-    """``target(its end of a new pipe, a copy of runner, *args)`` in a fork of this
-    process, if this process runs a single thread; else None (nothing started)."""
-    if not single_threaded() or "fork" not in multiprocessing.get_all_start_methods():
-        return None
-    # A copy, as the other start methods pass it: only its configuration.
-    fresh = pickle.loads(pickle.dumps(runner))
-    gc.freeze()
-    try:
-        return start_process(multiprocessing.get_context("fork"), target, name, fresh, *args)
-    finally:
-        gc.unfreeze()
 
 
 def launch(target: Callable[..., None], name: str, *args: Any) -> tuple[PopenHandle, Connection]:

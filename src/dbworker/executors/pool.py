@@ -23,7 +23,14 @@ from typing import Any
 
 from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
 from .base import Executor, Runner
-from .children import Child, Children, ProcessHandle, default_start_method, start_process
+from .children import (
+    Child,
+    Children,
+    ProcessHandle,
+    default_start_method,
+    forked,
+    start_process,
+)
 from .prefetch import PrefetchPolicy, streaming
 from .process import BATCH, CANCEL, READY, SKIPPED, child_main, describe_exit, send
 
@@ -54,7 +61,7 @@ class ProcessPool(Executor):
         self._context: Any = multiprocessing.get_context(start_method or default_start_method())
         self.max_tasks_per_child = max_tasks_per_child
         #: The processes started with the pool fork from the coordinator while it runs a
-        #: single thread (``interpreter.forked``): they share its memory, and the fork
+        #: single thread (``children.forked``): they share its memory, and the fork
         #: server and resource tracker start only if a process is ever replaced (by
         #: then the coordinator runs threads, which a fork would copy mid-operation).
         #: Not when the user chose a start method, nor for a pool that recycles its
@@ -93,8 +100,6 @@ class ProcessPool(Executor):
 
     def _launch(self) -> tuple[ProcessHandle, Connection]:
         if self._fork_first:
-            from .interpreter import forked  # it imports the subprocess pool, built on this
-
             started = forked(child_main, "dbworker-handler", self.runner, self.parent_pid)
             if started is not None:
                 return started

@@ -63,7 +63,7 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 def default_signals() -> None:
-    """A process forked from the coordinator (``interpreter.forked``) inherited the
+    """A process forked from the coordinator (``children.forked``) inherited the
     application's Python signal handlers: back to a new interpreter's defaults."""
     for number in signal.valid_signals():
         with contextlib.suppress(OSError, ValueError):
