@@ -366,7 +366,8 @@ class Coordinator:
     def _runner(self) -> ProcessRunner:
         """What runs in each handler process (the executors start it there)."""
         config = ChildConfig(self.database_url, self.engine_options, type(self._dialect))
-        return ProcessRunner(config)
+        workers = [(w.name, w.source, w.keyed) for w in self._workers.values()]
+        return ProcessRunner(config, workers)
 
     def drain(
         self,

@@ -199,6 +199,11 @@ class Registration:
             )
         return query
 
+    @property
+    def keyed(self) -> bool:
+        """Whether its execution rows carry the ``held_key`` of an ``exclusive_by`` limit."""
+        return self.table.limits is not None and self.table.limits.keyed
+
     def task(self, claim: Claim) -> Task:
         """What an executor needs to run one invocation under ``claim``."""
         return Task(
@@ -210,7 +215,7 @@ class Registration:
             self.handler,
             self.source,
             self.retry,
-            self.table.limits is not None and self.table.limits.keyed,
+            self.keyed,
             # A grouped item has no start of its own for a timeout to count from.
             alone=self.timeout is not None or not self.dialect.group_commit,
         )

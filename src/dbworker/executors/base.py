@@ -31,6 +31,11 @@ class Runner(Protocol):
     def dispose(self) -> None:
         """Close what the process opened (before it exits)."""
 
+    def for_fork(self) -> Runner:
+        """What a process forked from this one runs (prepared once here, shared by
+        every process forked afterwards, holding no connection)."""
+        ...
+
 
 class ConcurrentRunner(Runner, Protocol):
     """A runner whose process runs several invocations at once: on threads (``run``

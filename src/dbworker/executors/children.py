@@ -59,14 +59,15 @@ def single_threaded() -> bool:
 
 
 def forked(
-    target: Callable[..., None], name: str, runner: Any, *args: Any
+    target: Callable[..., None], name: str, runner: Any, *args: Any, prepared: bool = False
 ) -> tuple[ProcessHandle, Connection] | None:
     """``target(its end of a new pipe, a copy of runner, *args)`` in a fork of this
-    process, if this process runs a single thread; else None (nothing started)."""
+    process, if this process runs a single thread; else None (nothing started).
+    ``prepared``: the copy is ``runner.for_fork()``, the same for every fork."""
     if not single_threaded() or "fork" not in multiprocessing.get_all_start_methods():
         return None
     # A copy, as the other start methods pass it: only its configuration.
-    fresh = pickle.loads(pickle.dumps(runner))
+    fresh = runner.for_fork() if prepared else pickle.loads(pickle.dumps(runner))
     gc.freeze()
     try:
         return start_process(multiprocessing.get_context("fork"), target, name, fresh, *args)

@@ -100,7 +100,9 @@ class ProcessPool(Executor):
 
     def _launch(self) -> tuple[ProcessHandle, Connection]:
         if self._fork_first:
-            started = forked(child_main, "dbworker-handler", self.runner, self.parent_pid)
+            started = forked(
+                child_main, "dbworker-handler", self.runner, self.parent_pid, prepared=True
+            )
             if started is not None:
                 return started
             self._fork_first = False  # the coordinator runs threads now
