@@ -68,6 +68,8 @@ def forked(
         return None
     # A copy, as the other start methods pass it: only its configuration.
     fresh = runner.for_fork() if prepared else pickle.loads(pickle.dumps(runner))
+    if prepared and not single_threaded():
+        return None  # preparing it started a thread (a driver's, say): no fork now
     gc.freeze()
     try:
         return start_process(multiprocessing.get_context("fork"), target, name, fresh, *args)
