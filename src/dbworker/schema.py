@@ -104,12 +104,13 @@ def add_missing_held_key(conn: Connection, table: Table) -> None:
     if HELD_KEY not in table.c:
         return
     present = {c["name"] for c in inspect(conn).get_columns(table.name, schema=table.schema)}
-    if HELD_KEY in present:
-        return
-    column = table.c[HELD_KEY]
-    kind = column.type.compile(dialect=conn.dialect)
-    name = conn.dialect.identifier_preparer.format_table(table)
-    conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {HELD_KEY} {kind}")
+    if HELD_KEY not in present:
+        column = table.c[HELD_KEY]
+        kind = column.type.compile(dialect=conn.dialect)
+        name = conn.dialect.identifier_preparer.format_table(table)
+        conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {HELD_KEY} {kind}")
+    # Even when the column is there: where DDL is not transactional, an earlier run may
+    # have added the column and failed before its index.
     for index in table.indexes:
         if HELD_KEY in index.columns:
             index.create(conn, checkfirst=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, inspect
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from .core.errors import ConfigurationError, DBWorkerError
@@ -20,6 +21,9 @@ from .dialects import Dialect
 from .preflight import missing_sqlite_file
 from .schema import HELD_KEY, TICKS, add_missing_held_key, coordinators_table, expected_columns
 from .worker import Registration
+
+#: Attempts at creating the tables while other processes are creating them too.
+CREATE_ATTEMPTS = 5
 
 
 class WorkerTables:
@@ -64,15 +68,43 @@ class WorkerTables:
         version expects."""
         if not self.workers:
             raise ConfigurationError("register workers before create_worker_tables()")
+        tables = [*self.ticks(), *(w.table.table for w in self.workers.values())]
+        tables += [*self.rate_slots(), self.registry()]
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            doing: list[tuple[Table, str | None]] = []
+            try:
+                self._create(tables, doing)
+                break
+            except DBAPIError:
+                # Another process made it between this one's check and its CREATE
+                # (services started together; on Galera, a CREATE made on another node
+                # arriving late): this CREATE fails, and checking again finds it.
+                if attempt == CREATE_ATTEMPTS or not doing or not self._exists(*doing[-1]):
+                    raise
+        with self.session_factory() as session:
+            self.check(session)
+
+    def _create(self, tables: list[Table], doing: list[tuple[Table, str | None]]) -> None:
+        """Create what is missing, noting in ``doing`` the table (and column) at hand."""
         with self.session_factory() as session:
             bind = session.connection()
-            tables = [*self.ticks(), *(w.table.table for w in self.workers.values())]
-            for table in [*tables, *self.rate_slots(), self.registry()]:
+            for table in tables:
+                doing.append((table, None))
                 table.create(bind, checkfirst=True)
             for worker in self.workers.values():
+                doing.append((worker.table.table, HELD_KEY))
                 add_missing_held_key(bind, worker.table.table)
+            doing.clear()
             session.commit()
-            self.check(session)
+
+    def _exists(self, table: Table, column: str | None) -> bool:
+        """Whether ``table`` (and its ``column``) exists now."""
+        with self.session_factory() as session:
+            inspector = inspect(session.connection())
+            if not inspector.has_table(table.name, table.schema):
+                return False
+            names = {c["name"] for c in inspector.get_columns(table.name, table.schema)}
+            return column is None or column in names
 
     def check(self, session: Session, engine: Engine | None = None) -> None:
         """Check the worker tables through the session factory and, with ``engine``,

@@ -363,6 +363,9 @@ class MariaDBServer(PrivateServer):
         self.installer = installer
         self.socket = root / "mysqld.sock"
         self.pid_file = root / "mysqld.pid"
+        # A starting mariadbd deletes every #sql file in its tmpdir: in the shared /tmp,
+        # that would be the machine's server's temporary tables, in use by other tests.
+        self.tmp = root / "tmp"
         self.process: subprocess.Popen[bytes] | None = None
 
     def _url(self, database: str | None) -> str:
@@ -371,11 +374,13 @@ class MariaDBServer(PrivateServer):
     def initialize(self) -> None:
         # --no-defaults: the machine's my.cnf names the shared server's datadir,
         # port and socket, and must not leak into a private instance.
+        self.tmp.mkdir(exist_ok=True)
         result = subprocess.run(
             [
                 str(self.installer),
                 "--no-defaults",
                 f"--datadir={self.data}",
+                f"--tmpdir={self.tmp}",
                 "--auth-root-authentication-method=normal",
                 "--user=root" if os.geteuid() == 0 else f"--user={pwd.getpwuid(os.geteuid())[0]}",
                 "--skip-test-db",
@@ -399,6 +404,7 @@ class MariaDBServer(PrivateServer):
                     str(self.server),
                     "--no-defaults",
                     f"--datadir={self.data}",
+                    f"--tmpdir={self.tmp}",
                     f"--port={self.port}",
                     "--bind-address=127.0.0.1",
                     f"--socket={self.socket}",

@@ -39,6 +39,9 @@ class GaleraNode:
         self.index = index
         self.dir = root / f"node{index}"
         self.data = self.dir / "data"
+        # A starting mariadbd deletes every #sql file in its tmpdir: in the shared /tmp,
+        # that would be the machine's server's temporary tables, in use by other tests.
+        self.tmp = self.dir / "tmp"
         self.port = free_port()
         self.gcomm_port = free_port()
         self.ist_port = free_port()
@@ -47,16 +50,18 @@ class GaleraNode:
 
     def install(self) -> None:
         self.data.mkdir(parents=True)
-        for path in (self.dir, self.data):
+        self.tmp.mkdir()
+        for path in (self.dir, self.data, self.tmp):
             give_to(USER, path)
         run([program("mariadb-install-db"), "--no-defaults", f"--user={USER}",
-             f"--datadir={self.data}", "--skip-test-db",
+             f"--datadir={self.data}", f"--tmpdir={self.tmp}", "--skip-test-db",
              "--auth-root-authentication-method=socket"])  # fmt: skip
 
     def start(self, cluster: str, *, bootstrap: bool = False) -> None:
         argv = [
             program("/usr/sbin/mariadbd"), "--no-defaults", f"--user={USER}",
-            f"--datadir={self.data}", f"--port={self.port}", "--bind-address=127.0.0.1",
+            f"--datadir={self.data}", f"--tmpdir={self.tmp}", f"--port={self.port}",
+            "--bind-address=127.0.0.1",
             f"--socket={self.dir / 'mysqld.sock'}", f"--pid-file={self.dir / 'mysqld.pid'}",
             f"--log-error={self.dir / 'error.log'}", "--skip-name-resolve",
             # What Galera needs: row-based replication, interleaved auto-increments, InnoDB.
