@@ -1,8 +1,9 @@
 """Group commit in a handler process (``invocation/group.py``), run in the test's own
 process on claimed items of every database: each item's work and its fenced record
-commit with the group or not at all, an item's failure or lost claim touches only its
-own savepoint, nothing is visible to others before the group's COMMIT, and a handler
-that releases its transaction is taken out of the group and run alone."""
+commit with the group or not at all, an item's failure touches only its own savepoint,
+a lost claim commits nothing of its item (the group runs again, item by item), nothing
+is visible to others before the group's COMMIT, and a handler that releases its
+transaction is taken out of the group and run alone."""
 
 from __future__ import annotations
 
@@ -186,8 +187,20 @@ def test_a_failing_item_rolls_back_only_its_own_work(rig: Any) -> None:
     assert CALLS == [1, 2, 3, 4, 5], "no handler ran twice"
 
 
-def test_a_lost_claim_in_a_group_commits_nothing_of_that_item(rig: Any) -> None:
-    setup = rig(["ok", "ok", "ok"])
+@pytest.mark.parametrize(
+    ("second", "calls"),
+    [
+        # The group's one FINISH matched two rows of three: nothing of it committed,
+        # and each item ran again alone.
+        ("ok", [1, 2, 3, 1, 2, 3]),
+        # An UNFINISH is fenced at once: the group went on without it.
+        ("unfinished", [1, 2, 3]),
+    ],
+)
+def test_a_lost_claim_in_a_group_commits_nothing_of_that_item(
+    rig: Any, second: str, calls: list[int]
+) -> None:
+    setup = rig(["ok", second, "ok"])
     # Item 2 taken over (a newer token) before its handler records its ending.
     table = setup.coordinator._registration(WORKER).table.table
     with setup.engine.begin() as conn:
@@ -196,6 +209,7 @@ def test_a_lost_claim_in_a_group_commits_nothing_of_that_item(rig: Any) -> None:
     assert [r.kind for r in results] == [ResultKind.FINISHED, ResultKind.LOST, ResultKind.FINISHED]
     assert setup.effects() == {1: 1, 3: 1}
     assert setup.status(2) is ExecutionStatus.WORKING
+    assert calls == CALLS
 
 
 def test_a_handler_that_releases_its_transaction_runs_alone(rig: Any) -> None:

@@ -22,6 +22,7 @@ from sqlalchemy import (
     insert,
     literal_column,
     or_,
+    select,
     true,
     update,
 )
@@ -81,6 +82,21 @@ class UnfencedFinish(Dialect):
             .values(status=Phase.FINISHED.value, lease_expires_at=None, error=None)
         )
         return conn.execute(statement).rowcount == 1
+
+
+class UnfencedFinishAll(Dialect):
+    """(b) A group's FINISH that matches the ids and not their tokens: a group holding a
+    claim that was taken over commits its handler's writes anyway."""
+
+    def finish_all(
+        self, conn: Connection, worker: WorkerTable, held: Sequence[tuple[Any, int]]
+    ) -> int:
+        # The real statement, given each row's current token instead of the holder's.
+        table = worker.table
+        ids = [sid for sid, _ in held]
+        query = select(table.c.source_id, table.c.token).where(table.c.source_id.in_(ids))
+        current = {sid: token for sid, token in conn.execute(query).all()}
+        return super().finish_all(conn, worker, [(sid, current[sid]) for sid in ids])
 
 
 class UnfencedRenew(Dialect):

@@ -23,6 +23,7 @@ from .broken import (
     LeaseIgnoringTakeover,
     NoLockClaim,
     UnfencedFinish,
+    UnfencedFinishAll,
     UnfencedRenew,
     UnguardedClaim,
     WaitingClaim,
@@ -51,6 +52,7 @@ CASES: list[tuple[str, type]] = [
         (backend, mistake)
         for mistake in (
             UnfencedFinish,
+            UnfencedFinishAll,
             UnfencedRenew,
             LeaseIgnoringTakeover,
             CancelLeavesUndiscovered,

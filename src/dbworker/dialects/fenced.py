@@ -11,7 +11,17 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Float, Table, bindparam, null, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Float,
+    Table,
+    bindparam,
+    null,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.sql.expression import ClauseElement
 
 from ..core.policy import Decision
@@ -61,6 +71,18 @@ class Later:
     """A fenced transition's value: ``seconds`` after the database's clock."""
 
     seconds: float
+
+
+def _value_params(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The bound parameters of a fenced UPDATE's ``values`` (constants are in its SQL)."""
+    params: dict[str, Any] = {}
+    for name, value in values.items():
+        kind = _value_kind(value)
+        if kind == "later":
+            params[f"set_{name}"] = float(value.seconds)
+        elif kind == "value":
+            params[f"set_{name}"] = value
+    return params
 
 
 def _value_kind(value: Any) -> str:
@@ -120,11 +142,7 @@ class FencedTransitions:
         params = {"fence_source_id": source_id}
         if is_fenced(event):
             params["fence_token"] = token
-        for (name, kind), value in zip(kinds, values.values(), strict=True):
-            if kind == "later":
-                params[f"set_{name}"] = float(value.seconds)
-            elif kind == "value":
-                params[f"set_{name}"] = value
+        params |= _value_params(values)
         if any(kind == "sql" for _, kind in kinds):
             statement = self._fenced_update(table, event, values)
             return conn.execute(statement, params).rowcount == 1
@@ -142,7 +160,29 @@ class FencedTransitions:
             return rowcount(conn, driver, params)
         return int(conn.execute(statement, params).rowcount)
 
-    def _fenced_update(self, table: Table, event: Transition, values: Mapping[str, Any]) -> Any:
+    def finish_all(
+        self, conn: Connection, worker: WorkerTable, held: Sequence[tuple[Any, int]]
+    ) -> int:
+        """FINISH each of the ``held`` (source id, token) pairs whose token is current, in
+        one UPDATE; the number of rows it matched (a group's finished items, recorded just
+        before its COMMIT: fewer than ``len(held)`` means a claim was lost)."""
+        values = self._row_values(Transition.FINISH, None, None)
+        table = worker.table
+        statement = self._built_once(
+            ("fenced_all", table),
+            lambda: self._fenced_update(table, Transition.FINISH, values, every=True),
+        )
+        params = {
+            "fence_source_ids": [source_id for source_id, _ in held],
+            "fence_pairs": [tuple(pair) for pair in held],
+        }
+        return int(conn.execute(statement, params | _value_params(values)).rowcount)
+
+    def _fenced_update(
+        self, table: Table, event: Transition, values: Mapping[str, Any], every: bool = False
+    ) -> Any:
+        """The UPDATE of ``event`` for one source id and token, or with ``every`` for a
+        list of (source id, token) pairs."""
         now = self.now()
 
         def column_value(name: str, value: Any) -> Any:
@@ -169,7 +209,13 @@ class FencedTransitions:
             table.c.source_id == bindparam("fence_source_id"),
             status_in(table.c.status, sources(event)),
         ]
-        if is_fenced(event):
+        if every:
+            guard[0] = table.c.source_id.in_(bindparam("fence_source_ids", expanding=True))
+            # The ids' IN finds the rows by the primary key, whatever a planner makes of
+            # pairs; the pairs' IN is the fence.
+            pairs = tuple_(table.c.source_id, table.c.token)
+            guard.append(pairs.in_(bindparam("fence_pairs", expanding=True)))
+        elif is_fenced(event):
             # Only the holder of the current token may cause a fenced event.
             guard.append(table.c.token == bindparam("fence_token"))
         return (

@@ -6,11 +6,16 @@ runs them one after another in one transaction on its kept connection, each in a
 SAVEPOINT of its own, and commits once:
 
 - Each item runs as on the single path (``Runtime._invoke``): load, handler, flush,
-  the fenced FINISH or UNFINISH. It all happens inside the item's savepoint, which is
-  released when the fenced transition matched and rolled back when it did not (the
-  claim was lost: ``LOST``) or when the handler raised. A raising handler's failure
-  is then recorded, fenced, in a savepoint of its own in the same transaction: the
-  handler's writes are gone, the FAIL or RETRY commits with the group.
+  and an UNFINISH fenced at once, all inside the item's savepoint, which is kept when
+  that matched and rolled back when it did not (the claim was lost: ``LOST``) or when
+  the handler raised. The finished items are recorded together just before the
+  COMMIT, in one UPDATE fenced by each item's (source id, token) pair
+  (``Dialect.finish_all``): a round trip per item less. If it matches fewer rows than
+  there are finished items, a claim was lost: the group is rolled back as a whole and
+  each of its items runs again alone, where the lost one finds its claim spent. A
+  raising handler's failure is then recorded, fenced, in a savepoint of its own in
+  the same transaction: the handler's writes are gone, the FAIL or RETRY commits
+  with the group.
 - Results are handed back only after the COMMIT. A process that dies mid-group
   commits nothing of it; its items are still held under their tokens and run again
   (the pool runs each of them alone then, so a crash is charged to the item that
@@ -58,8 +63,6 @@ GROUP_MAX_ITEMS = 16
 #: No item is added to a group that has already run this long.
 GROUP_SECONDS = 0.02
 
-FINISHED = decide(Ending.FINISHED)
-
 
 class _RunsAlone(BaseException):
     """Raised from a grouped handler's ``session.rollback()``. A BaseException, so
@@ -78,6 +81,11 @@ class GroupedSession(HandlerSession):
             self._dbworker_released = True
             raise _RunsAlone()
         super().rollback()
+
+
+class _ClaimLost(Exception):
+    """A finished item's claim was lost before the group's COMMIT: its work must not
+    commit, and the savepoints before it are released into the transaction."""
 
 
 class _GroupBroken(Exception):
@@ -106,6 +114,7 @@ def run_group(
         return [runtime.run(first)]  # the single path meets it again and reports it
     conn = held.write
     pending: list[Result] = []
+    finished: list[Task] = []
     started = time.monotonic()
     ran = 0
     try:
@@ -120,13 +129,17 @@ def run_group(
                 break
             ran += 1
             began = time.monotonic()
-            result = _run_item(runtime, task, worker, conn)
+            result = _run_item(runtime, task, worker, conn, finished)
             if result is None:  # it released its transaction: it runs alone, later
                 ran -= 1
                 runtime.alone.add(task.worker)
                 break
             pending.append(replace(result, duration=time.monotonic() - began))
         committing = time.monotonic()
+        if finished:
+            held_now = [(task.source_id, task.token) for task in finished]
+            if runtime.dialect.finish_all(conn, worker, held_now) != len(finished):
+                raise _ClaimLost()
         conn.commit()
     except Exception:
         runtime.held.drop()  # rolled back with the connection, whatever state it is in
@@ -141,9 +154,12 @@ def run_group(
     return [replace(result, duration=result.duration + share) for result in pending]
 
 
-def _run_item(runtime: Runtime, task: Task, worker: WorkerTable, conn: Connection) -> Result | None:
+def _run_item(
+    runtime: Runtime, task: Task, worker: WorkerTable, conn: Connection, finished: list[Task]
+) -> Result | None:
     """One item in its own savepoint of the group's transaction on ``conn``; None if
-    its handler released its transaction (nothing of it is left)."""
+    its handler released its transaction (nothing of it is left). A finished item is
+    added to ``finished``, to be recorded with the others before the COMMIT."""
     with GroupedSession(
         bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False
     ) as session:
@@ -168,17 +184,18 @@ def _run_item(runtime: Runtime, task: Task, worker: WorkerTable, conn: Connectio
                 )
             session.flush()
             if isinstance(outcome, Finished):
-                decision, kind = FINISHED, ResultKind.FINISHED
+                finished.append(task)
+                kind = ResultKind.FINISHED
             else:
                 decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                 kind = ResultKind.UNFINISHED
-            done = runtime.dialect.record(
-                session.connection(), worker, task.source_id, task.token, decision
-            )
+                if not runtime.dialect.record(
+                    session.connection(), worker, task.source_id, task.token, decision
+                ):
+                    session._dbworker_guarded = False
+                    _roll_back(session)
+                    return Result(task.key, ResultKind.LOST)
             session._dbworker_guarded = False
-            if not done:
-                _roll_back(session)
-                return Result(task.key, ResultKind.LOST)
             # Its savepoint is left unreleased: it commits with the group, and a later
             # item's rollback goes back to that item's own, newer savepoint.
             keep_next_savepoint(conn)

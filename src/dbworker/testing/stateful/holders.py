@@ -101,6 +101,51 @@ class HolderRules(ClaimRules):
             del actor.held[sid]
 
     @precondition(lambda self: self._can_act_on_claims())
+    @rule(pick=any_pick, crash=st.booleans())
+    def finish_all(self, pick: int, crash: bool) -> None:
+        self._finish_all(choose(self._beliefs(), pick).actor, crash)
+
+    def _finish_all(self, actor: Actor, crash: bool) -> None:
+        """A group's end: the handlers wrote their effects, then every claim the actor
+        believes it holds is finished in one statement (``Dialect.finish_all``). It must
+        match exactly the claims still current; the group commits only if that is all
+        of them (else the real process runs each item again alone)."""
+        beliefs = [b for b in self._beliefs() if b.actor is actor]
+        held = [(b.sid, b.token) for b in beliefs]
+        after: dict[int, Record] = {}
+        for sid, token in held:
+            with contextlib.suppress(InvalidTransition):
+                after[sid] = transitions.finish(self.records[sid], token)
+
+        def work(conn: Connection) -> int:
+            for sid, token in held:
+                conn.execute(insert(effects).values(source_id=sid, token=token, kind="finish"))
+            return self.dialect.finish_all(conn, WORKER, held)
+
+        matched = self._run(actor, work)
+        note(f"finish_all: {'every claim current' if len(after) == len(held) else 'one lost'}")
+        if matched != len(after):
+            self._rollback(actor)
+            raise ModelMismatch(
+                f"{actor.name}: finish_all({held}) at {self.clock.now} matched {matched}"
+                f" rows, the model allows {sorted(after)}; records:\n" + describe(self.records)
+            )
+        if matched < len(held):
+            self._rollback(actor)
+            for sid, _ in held:
+                if sid not in after:
+                    del actor.held[sid]
+        elif crash:
+            note("finish_all: crashed before commit")
+            self._crash(actor)
+        else:
+            self._commit(actor)
+            for sid, token in held:
+                self.records[sid] = after[sid]
+                self.effects.append((sid, token, "finish"))
+                del actor.held[sid]
+
+    @precondition(lambda self: self._can_act_on_claims())
     @rule(pick=any_pick, retry=retries)
     def fail(self, pick: int, retry: int | None) -> None:
         self._fail(choose(self._beliefs(), pick), retry)
