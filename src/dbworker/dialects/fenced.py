@@ -168,21 +168,23 @@ class FencedTransitions:
         before its COMMIT: fewer than ``len(held)`` means a claim was lost)."""
         values = self._row_values(Transition.FINISH, None, None)
         table = worker.table
+        # One statement per count of pairs (a group holds at most a few dozen): built
+        # once, run on the driver's cursor like every other fenced UPDATE.
+        key = ("fenced_all", table, len(held))
         statement = self._built_once(
-            ("fenced_all", table),
-            lambda: self._fenced_update(table, Transition.FINISH, values, every=True),
+            key, lambda: self._fenced_update(table, Transition.FINISH, values, every=len(held))
         )
-        params = {
-            "fence_source_ids": [source_id for source_id, _ in held],
-            "fence_pairs": [tuple(pair) for pair in held],
-        }
-        return int(conn.execute(statement, params | _value_params(values)).rowcount)
+        params = _value_params(values)
+        for index, (source_id, token) in enumerate(held):
+            params[f"fence_source_id_{index}"] = source_id
+            params[f"fence_token_{index}"] = token
+        return self._matched(conn, key, statement, params)
 
     def _fenced_update(
-        self, table: Table, event: Transition, values: Mapping[str, Any], every: bool = False
+        self, table: Table, event: Transition, values: Mapping[str, Any], every: int = 0
     ) -> Any:
-        """The UPDATE of ``event`` for one source id and token, or with ``every`` for a
-        list of (source id, token) pairs."""
+        """The UPDATE of ``event`` for one source id and token, or with ``every`` for
+        that many (source id, token) pairs."""
         now = self.now()
 
         def column_value(name: str, value: Any) -> Any:
@@ -210,11 +212,16 @@ class FencedTransitions:
             status_in(table.c.status, sources(event)),
         ]
         if every:
-            guard[0] = table.c.source_id.in_(bindparam("fence_source_ids", expanding=True))
+            ids = [
+                bindparam(f"fence_source_id_{i}", type_=table.c.source_id.type)
+                for i in range(every)
+            ]
+            tokens = [bindparam(f"fence_token_{i}", type_=table.c.token.type) for i in range(every)]
             # The ids' IN finds the rows by the primary key, whatever a planner makes of
             # pairs; the pairs' IN is the fence.
+            guard[0] = table.c.source_id.in_(ids)
             pairs = tuple_(table.c.source_id, table.c.token)
-            guard.append(pairs.in_(bindparam("fence_pairs", expanding=True)))
+            guard.append(pairs.in_([tuple_(i, t) for i, t in zip(ids, tokens, strict=True)]))
         elif is_fenced(event):
             # Only the holder of the current token may cause a fenced event.
             guard.append(table.c.token == bindparam("fence_token"))
