@@ -168,8 +168,8 @@ class FencedTransitions:
         before its COMMIT: fewer than ``len(held)`` means a claim was lost)."""
         values = self._row_values(Transition.FINISH, None, None)
         table = worker.table
-        # One statement per count of pairs (a group holds at most a few dozen): built
-        # once, run on the driver's cursor like every other fenced UPDATE.
+        # One statement per count of pairs (a group has at most GROUP_MAX_ITEMS items):
+        # built once, run on the driver's cursor like every other fenced UPDATE.
         key = ("fenced_all", table, len(held))
         statement = self._built_once(
             key, lambda: self._fenced_update(table, Transition.FINISH, values, every=len(held))

@@ -84,8 +84,8 @@ class GroupedSession(HandlerSession):
 
 
 class _ClaimLost(Exception):
-    """A finished item's claim was lost before the group's COMMIT: its work must not
-    commit, and the savepoints before it are released into the transaction."""
+    """A finished item's claim was lost before the group's COMMIT: nothing of the group
+    commits, and each of its items runs again alone."""
 
 
 class _GroupBroken(Exception):
