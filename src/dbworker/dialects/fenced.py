@@ -73,11 +73,15 @@ class Later:
     seconds: float
 
 
-def _value_params(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The bound parameters of a fenced UPDATE's ``values`` (constants are in its SQL)."""
+def _value_params(
+    values: Mapping[str, Any], kinds: Sequence[tuple[str, str]] | None = None
+) -> dict[str, Any]:
+    """The bound parameters of a fenced UPDATE's ``values`` (constants are in its SQL);
+    ``kinds``: each value's ``_value_kind``, when the caller has them already."""
+    if kinds is None:
+        kinds = [(name, _value_kind(value)) for name, value in values.items()]
     params: dict[str, Any] = {}
-    for name, value in values.items():
-        kind = _value_kind(value)
+    for (name, kind), value in zip(kinds, values.values(), strict=True):
         if kind == "later":
             params[f"set_{name}"] = float(value.seconds)
         elif kind == "value":
@@ -142,7 +146,7 @@ class FencedTransitions:
         params = {"fence_source_id": source_id}
         if is_fenced(event):
             params["fence_token"] = token
-        params |= _value_params(values)
+        params |= _value_params(values, kinds)
         if any(kind == "sql" for _, kind in kinds):
             statement = self._fenced_update(table, event, values)
             return conn.execute(statement, params).rowcount == 1
