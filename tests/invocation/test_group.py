@@ -50,6 +50,11 @@ CALLS: list[int] = []
 def handle(source: GroupItem, session: Session) -> Outcome:
     CALLS.append(source.id)
     item_id, mode = source.id, source.mode
+    if mode == "nothing":
+        return Finished()
+    if mode == "touch":
+        source.mode = "touched"  # a change to flush, and nothing else
+        return Finished()
     session.add(GroupEffect(item_id=item_id))
     session.flush()
     if mode == "raise":

@@ -99,6 +99,21 @@ class UnfencedFinishAll(Dialect):
         return super().finish_all(conn, worker, [(sid, current[sid]) for sid in ids])
 
 
+class UnfencedFinishAlone(Dialect):
+    """(b) The ending of a handler that wrote nothing, fenced by the row's current token
+    instead of the holder's: a holder whose claim was taken over finishes the item
+    under its new holder."""
+
+    def record_alone(
+        self, conn: Connection, worker: WorkerTable, source_id: Any, token: int, decision: Any
+    ) -> bool:
+        table = worker.table
+        query = select(table.c.token).where(table.c.source_id == source_id)
+        current = conn.execute(query).scalar_one()
+        conn.commit()  # the read's transaction: record_alone starts in none
+        return super().record_alone(conn, worker, source_id, current, decision)
+
+
 class UnfencedRenew(Dialect):
     """(c) Renews without checking the token: a holder that lost its claim never finds
     out, and extends the new holder's lease."""

@@ -24,6 +24,7 @@ from .broken import (
     NoLockClaim,
     UnfencedFinish,
     UnfencedFinishAll,
+    UnfencedFinishAlone,
     UnfencedRenew,
     UnguardedClaim,
     WaitingClaim,
@@ -53,6 +54,7 @@ CASES: list[tuple[str, type]] = [
         for mistake in (
             UnfencedFinish,
             UnfencedFinishAll,
+            UnfencedFinishAlone,
             UnfencedRenew,
             LeaseIgnoringTakeover,
             CancelLeavesUndiscovered,

@@ -16,8 +16,9 @@ or error listeners, a schema translation map) gets SQLAlchemy's path, so sees th
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,6 +200,18 @@ def _converted(
     ]
 
 
+@contextlib.contextmanager
+def statements_alone(conn: Connection) -> Iterator[None]:
+    """Within it, statements on ``conn``'s driver cursor begin no transaction: the
+    driver connection commits each one by itself (it autocommits, as dbworker's SQLite
+    connections do). Through SQLAlchemy's execution a statement still begins one."""
+    conn.info[_ALONE] = True
+    try:
+        yield
+    finally:
+        conn.info.pop(_ALONE, None)
+
+
 def run_plain(conn: Connection, sql: str) -> None:
     """Run ``sql`` (no parameters, no rows: a SAVEPOINT) on the cursor kept with
     ``conn``'s driver connection, in its transaction; through SQLAlchemy when the
@@ -226,7 +239,7 @@ def _execute(
 ) -> Any:
     """``statement`` executed on the cursor kept with ``conn``'s driver connection, or
     None when that connection was invalidated."""
-    if begin and not conn.in_transaction():
+    if begin and not conn.in_transaction() and not conn.info.get(_ALONE):
         conn.begin()  # as SQLAlchemy's autobegin: the caller's commit covers the statement
     dialect = conn.dialect
     pooled = conn.connection
@@ -258,3 +271,5 @@ def _execute(
 
 
 _CURSOR = "dbworker_driver_cursor"
+#: In a connection's info: ``statements_alone`` is in force.
+_ALONE = "dbworker_statements_alone"

@@ -379,6 +379,21 @@ class FencedTransitions:
             )
         raise ValueError(f"{transition.value} is not an invocation's ending")
 
+    def record_alone(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        source_id: Any,
+        token: int,
+        decision: Decision,
+    ) -> bool:
+        """``record`` as a transaction of its own on ``conn`` (which is in none): the
+        ending of a handler that wrote nothing, whose status change is all there is to
+        commit. A dialect whose connections commit one statement by themselves may run
+        it without BEGIN and COMMIT around it."""
+        with conn.begin():
+            return self.record(conn, worker, source_id, token, decision)
+
     def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
         # RESET is not fenced (any caller may reset a FAILED record): no token to check.
         return self.transition(conn, worker, Transition.RESET, source_id, NEVER_ISSUED_TOKEN)

@@ -29,7 +29,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from ..core.errors import ConfigurationError
+from ..core.policy import Decision
 from .base import Dialect
+from .driver_cursor import statements_alone
 from .open_first import (
     CrossJoin,
     claimed,
@@ -41,7 +43,7 @@ from .open_first import (
     pin_open_records,
     reuse,
 )
-from .sqlite_turns import BUSY_TIMEOUT_INFO, take_turns
+from .sqlite_turns import BUSY_TIMEOUT_INFO, take_turns, turn_for_one_statement
 from .terms import READ_ONLY_OPTION, Claim, Owner, WorkerTable, claim_columns
 
 #: How long a connection waits for the write lock before SQLITE_BUSY, unless the
@@ -261,6 +263,27 @@ class SQLiteDialect(Dialect):
                 connection.connection.dbapi_connection.execute(statement)
             except sqlite3.Error as exc:
                 raise DBAPIError.instance(statement, (), exc, sqlite3.Error) from exc
+
+    def record_alone(
+        self,
+        conn: Connection,
+        worker: WorkerTable,
+        source_id: Any,
+        token: int,
+        decision: Decision,
+    ) -> bool:
+        # The driver connection autocommits (see _connect): the fenced UPDATE is its own
+        # transaction, without BEGIN IMMEDIATE and COMMIT, so the write lock is held for
+        # that one statement (the lock, not CPU, bounds how fast short items finish).
+        with turn_for_one_statement(conn), statements_alone(conn):
+            done = self.record(conn, worker, source_id, token, decision)
+            if conn.in_transaction():  # SQLAlchemy's execution began one (someone watches)
+                conn.commit()
+            driver = conn.connection.dbapi_connection
+            if driver is not None and driver.in_transaction:
+                # pysqlite began one itself (an engine this dialect did not configure)
+                driver.commit()
+        return done
 
     @staticmethod
     def _busy_timeout(engine: Engine) -> float:

@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -36,6 +37,8 @@ from .terms import READ_ONLY_OPTION
 #: The file lock's name: the database's path with this suffix (beside -wal and -shm).
 SUFFIX = "-dbworker-turns"
 _FD = "dbworker_turn_fd"
+#: How a connection takes its turn: (turns file, timeout, patient), as ``take_turns``.
+_TURNS = "dbworker_turns"
 #: The turns file of the turn a connection holds (False: none).
 _HELD = "dbworker_turn_held"
 #: The holding thread's count of turns held (``_held_here()``), to give one back.
@@ -60,6 +63,7 @@ def take_turns(engine: Engine, database: str, timeout: float, patient: bool = Fa
     def _connect(_dbapi_connection: Any, record: Any) -> None:
         record.info[_FD] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         record.info[_HELD] = False
+        record.info[_TURNS] = (path, timeout, patient)
 
     @event.listens_for(engine, "close")
     def _close(_dbapi_connection: Any, record: Any) -> None:
@@ -111,6 +115,25 @@ def take_turns(engine: Engine, database: str, timeout: float, patient: bool = Fa
     @event.listens_for(engine, "invalidate")
     def _invalidate(_dbapi_connection: Any, record: Any, _exception: Any) -> None:
         _give_back(record.info)
+
+
+@contextlib.contextmanager
+def turn_for_one_statement(connection: Any) -> Iterator[None]:
+    """The write turn of ``connection`` (a SQLAlchemy connection in no transaction) for
+    statements that SQLite commits one by one (autocommit, no BEGIN): taken as a
+    transaction's begin would take it, given back after. Nothing on an engine without
+    turns."""
+    info = connection.connection.info
+    turns = info.get(_TURNS)
+    if turns is None or info.get(_HELD):
+        yield
+        return
+    path, timeout, patient = turns
+    _take(info, path, info.get(BUSY_TIMEOUT_INFO, timeout), patient)
+    try:
+        yield
+    finally:
+        _give_back(info)
 
 
 def _held_here() -> Counter[str]:

@@ -267,6 +267,15 @@ class Runtime:
                     decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                     kind = ResultKind.UNFINISHED
                 with self.ending.turn():
+                    if not bind.in_transaction() and not _has_changes(session):
+                        # The handler sent no statement (its row was read apart) and
+                        # left nothing to flush: the status change is all there is to
+                        # commit, in a transaction of its own.
+                        session._dbworker_guarded = False
+                        done = self.dialect.record_alone(
+                            bind, worker, task.source_id, task.token, decision
+                        )
+                        return Result(task.key, kind if done else ResultKind.LOST)
                     # The handler's own writes first: their errors are the handler's,
                     # and the execution row is then locked only for the final statement.
                     session.flush()
@@ -296,3 +305,8 @@ class Runtime:
         except Exception as db_exc:  # the coordinator will record it instead
             return failure.unrecorded(db_exc)
         return failure.written(done)
+
+
+def _has_changes(session: Session) -> bool:
+    """Whether a flush of ``session`` could write anything."""
+    return bool(session.new or session.dirty or session.deleted)

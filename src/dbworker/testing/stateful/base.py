@@ -168,6 +168,24 @@ class MachineBase(RuleBasedStateMachine):
                 f" {sorted(self._locked_by_others(client))}): {exc.orig}"
             ) from exc
 
+    def _alone(self, client: Client, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` on ``client``'s connection in no transaction: it commits its own,
+        and must leave none open."""
+        if client.conn is None:
+            client.conn = self.h.engine.connect()
+        conn = client.conn
+        try:
+            result = work(conn)
+        except DBAPIError as exc:
+            conn.rollback()
+            if not self.h.is_lock_wait(exc):
+                raise
+            raise ModelMismatch(f"{client.name} waited for a lock: {exc.orig}") from exc
+        if conn.in_transaction():
+            conn.rollback()
+            raise ModelMismatch(f"{client.name}: a statement alone left a transaction open")
+        return result
+
     def _claimable(self, exclude: Collection[int] = ()) -> list[int]:
         """What a claim must return, in the eligible query's order (by id)."""
         now = self.clock.now

@@ -1,4 +1,4 @@
-"""Rules for a holder's fenced events: renew, finish, unfinish, fail and release (with
+"""Rules for a holder's fenced events: renew, finish (also alone), unfinish, fail and release (with
 current and stale tokens alike), a lease that runs out, a holder that vanishes, and
 time passing."""
 
@@ -20,6 +20,8 @@ from ...dialects import ErrorInfo
 from .base import Actor, Belief, actor_index, any_pick, choose, delays, describe, retries
 from .claims import ClaimRules
 from .harness import CRASH, ERROR, LEASE, MAX_CRASHES, MAX_ID, WORKER, ModelMismatch, effects
+
+FINISHED = decide(Ending.FINISHED)
 
 
 class HolderRules(ClaimRules):
@@ -146,6 +148,29 @@ class HolderRules(ClaimRules):
                 del actor.held[sid]
 
     @precondition(lambda self: self._can_act_on_claims())
+    @rule(pick=any_pick)
+    def finish_alone(self, pick: int) -> None:
+        self._finish_alone(choose(self._beliefs(), pick))
+
+    def _finish_alone(self, belief: Belief) -> None:
+        """A handler that wrote nothing ends: its FINISH is a transaction of its own
+        (``Dialect.record_alone``), committed when the call returns, fenced as always."""
+        actor, sid, token = belief
+        after: Record | None
+        try:
+            after = transitions.finish(self.records[sid], token)
+        except InvalidTransition:
+            after = None
+        applied = self._alone(
+            actor, lambda conn: self.dialect.record_alone(conn, WORKER, sid, token, FINISHED)
+        )
+        self._judge_fenced(belief, "finish_alone", applied, after)
+        if applied:
+            assert after is not None
+            self.records[sid] = after
+        del actor.held[sid]
+
+    @precondition(lambda self: self._can_act_on_claims())
     @rule(pick=any_pick, retry=retries)
     def fail(self, pick: int, retry: int | None) -> None:
         self._fail(choose(self._beliefs(), pick), retry)
@@ -210,6 +235,7 @@ class HolderRules(ClaimRules):
             lambda: self._fail(belief, retry),
             lambda: self._release(belief),
             lambda: self._complete(belief, None, crash=False),
+            lambda: self._finish_alone(belief),
         ]
         for attempt in attempts:
             # Each refusal drops the belief, as the real holder would; restore it so
