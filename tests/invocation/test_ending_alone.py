@@ -12,10 +12,12 @@ import os
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import create_engine, select, update
 
 from dbworker import ExecutionStatus
+from dbworker.core.policy import Ending, decide
 from dbworker.core.tasks import ResultKind
+from dbworker.dialects.sqlite import SQLiteDialect
 from dbworker.dialects.sqlite_turns import SUFFIX
 
 from .test_group import GroupItem, Rig, rig  # noqa: F401  (the fixture)
@@ -85,3 +87,21 @@ def test_sqlite_gives_its_write_turn_back_after_an_alone_ending(rig: Any) -> Non
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if the turn is still held
     finally:
         os.close(fd)
+
+
+def test_sqlite_commits_an_alone_ending_on_an_engine_it_did_not_configure(rig: Any) -> None:  # noqa: F811
+    setup = rig(["nothing"])
+    if setup.engine.dialect.name != "sqlite":
+        pytest.skip("pysqlite's own implicit transactions only")
+    task = setup.tasks[0]
+    worker = setup.coordinator._registration("grouped").table
+    plain = create_engine(setup.engine.url)  # pysqlite begins before an UPDATE by itself
+    try:
+        with plain.connect() as conn:
+            assert SQLiteDialect().record_alone(
+                conn, worker, task.source_id, task.token, decide(Ending.FINISHED)
+            )
+            assert not conn.in_transaction()
+    finally:
+        plain.dispose()
+    assert setup.status(task.source_id) is ExecutionStatus.FINISHED

@@ -1,6 +1,6 @@
-"""Rules for a holder's fenced events: renew, finish (also alone), unfinish, fail and release (with
-current and stale tokens alike), a lease that runs out, a holder that vanishes, and
-time passing."""
+"""Rules for a holder's fenced events: renew, finish (also alone), unfinish, fail and
+release (with current and stale tokens alike), a lease that runs out, a holder that
+vanishes, and time passing."""
 
 from __future__ import annotations
 
