@@ -215,9 +215,6 @@ def run_next(
         if isinstance(task, Result):
             break  # its handler cannot be imported: it is answered alone
         tasks.append(task)
-    # Half of them (at least two): the rest keep this process busy while the group's
-    # results go back and the coordinator sends the next tasks.
-    tasks = tasks[: max(2, (len(tasks) + 1) // 2)]
     if len(tasks) < 2:
         waiting.popleft()
         return answer(runner, message)
