@@ -47,8 +47,9 @@ def measure(backend: str, items: int, warmup: int, claim_next: bool) -> dict[str
     from sqlalchemy.orm import sessionmaker
 
     from dbworker import Coordinator
+    from dbworker.core.policy import FINISHED
     from dbworker.dialects import Owner, for_url
-    from dbworker.invocation.runtime import FINISHED, ChildConfig, Runtime
+    from dbworker.invocation.runtime import ChildConfig, Runtime
     from dbworker.invocation.session import HandlerSession
 
     from .noop_work import ITEMS_TABLE, Base, NoopItem, insert_items, noop

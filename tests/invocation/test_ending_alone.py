@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import create_engine, select, update
 
 from dbworker import ExecutionStatus
-from dbworker.core.policy import Ending, decide
+from dbworker.core.policy import FINISHED
 from dbworker.core.tasks import ResultKind
 from dbworker.dialects.sqlite import SQLiteDialect
 from dbworker.dialects.sqlite_turns import SUFFIX
@@ -98,9 +98,7 @@ def test_sqlite_commits_an_alone_ending_on_an_engine_it_did_not_configure(rig: A
     plain = create_engine(setup.engine.url)  # pysqlite begins before an UPDATE by itself
     try:
         with plain.connect() as conn:
-            assert SQLiteDialect().record_alone(
-                conn, worker, task.source_id, task.token, decide(Ending.FINISHED)
-            )
+            assert SQLiteDialect().record_alone(conn, worker, task.source_id, task.token, FINISHED)
             assert not conn.in_transaction()
     finally:
         plain.dispose()

@@ -185,3 +185,7 @@ _WRITTEN: Mapping[ResultKind, Decision] = {
     ResultKind.RETRYING: Decision(Transition.RETRY),
     ResultKind.LOST: Decision(None, reports=EventKind.LOST),
 }
+
+
+#: The decision for a handler that returned Finished().
+FINISHED = decide(Ending.FINISHED)

@@ -25,14 +25,14 @@ from sqlalchemy.pool import NullPool
 
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
-from ..core.policy import Decision, Ending, decide
+from ..core.policy import FINISHED, Decision, Ending, decide
 from ..core.tasks import ErrorInfo, Result, ResultKind, Task
 from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.terms import READ_ONLY_OPTION
 from .connections import pool_options
 from .failures import HandlerFailure
 from .loading import SourceLoader
-from .runtime import FINISHED, KEPT_AFTER, ChildConfig, worker_table
+from .runtime import KEPT_AFTER, ChildConfig, worker_table
 from .session import HandlerSession
 from .turns import (
     ENDING_AT_ONCE,

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
-from ..core.policy import Ending, decide
+from ..core.policy import FINISHED, Ending, decide
 from ..core.tasks import Result, ResultKind, Task
 from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.terms import NEVER_ISSUED_TOKEN
@@ -28,7 +28,6 @@ from .loading import SourceLoader
 from .session import HandlerSession
 from .turns import ENDING_AT_ONCE, ENDING_TURN_WAIT, EndingTurns
 
-FINISHED = decide(Ending.FINISHED)
 #: Outcomes after which a handler process keeps its connection for the next invocation.
 KEPT_AFTER = frozenset({ResultKind.FINISHED, ResultKind.UNFINISHED})
 

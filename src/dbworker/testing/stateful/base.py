@@ -161,12 +161,8 @@ class MachineBase(RuleBasedStateMachine):
             return work(conn)
         except DBAPIError as exc:
             self._rollback(client)
-            if not self.h.is_lock_wait(exc):
-                raise
-            raise ModelMismatch(
-                f"{client.name} waited for a lock (open claims hold"
-                f" {sorted(self._locked_by_others(client))}): {exc.orig}"
-            ) from exc
+            self._fail_on_lock_wait(client, exc)
+            raise
 
     def _alone(self, client: Client, work: Callable[[Connection], T]) -> T:
         """Run ``work`` on ``client``'s connection in no transaction: it commits its own,
@@ -178,13 +174,20 @@ class MachineBase(RuleBasedStateMachine):
             result = work(conn)
         except DBAPIError as exc:
             conn.rollback()
-            if not self.h.is_lock_wait(exc):
-                raise
-            raise ModelMismatch(f"{client.name} waited for a lock: {exc.orig}") from exc
+            self._fail_on_lock_wait(client, exc)
+            raise
         if conn.in_transaction():
             conn.rollback()
             raise ModelMismatch(f"{client.name}: a statement alone left a transaction open")
         return result
+
+    def _fail_on_lock_wait(self, client: Client, exc: DBAPIError) -> None:
+        """A step of ``client`` that waited for a lock (``exc``) is a model mismatch."""
+        if self.h.is_lock_wait(exc):
+            raise ModelMismatch(
+                f"{client.name} waited for a lock (open claims hold"
+                f" {sorted(self._locked_by_others(client))}): {exc.orig}"
+            ) from exc
 
     def _claimable(self, exclude: Collection[int] = ()) -> list[int]:
         """What a claim must return, in the eligible query's order (by id)."""

@@ -14,14 +14,12 @@ from sqlalchemy import Connection, insert
 
 from ...core import policy, transitions
 from ...core.errors import InvalidTransition
-from ...core.policy import Decision, Ending, decide
+from ...core.policy import FINISHED, Decision, Ending, decide
 from ...core.transitions import Record
 from ...dialects import ErrorInfo
 from .base import Actor, Belief, actor_index, any_pick, choose, delays, describe, retries
 from .claims import ClaimRules
 from .harness import CRASH, ERROR, LEASE, MAX_CRASHES, MAX_ID, WORKER, ModelMismatch, effects
-
-FINISHED = decide(Ending.FINISHED)
 
 
 class HolderRules(ClaimRules):
