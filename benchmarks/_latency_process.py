@@ -1,5 +1,5 @@
 """The worker service of ``benchmarks.latency``: one coordinator with the seed-API
-defaults, in a process of its own, counting the statements its engine sends.
+defaults, in a process of its own, counting the statements its engine sends while idle.
 
 Protocol (stdin/stdout, one JSON line each): the first stdin line is
 ``{"url": ..., "notifications": bool}``; it answers ``{"ready": ..., "server": ...}``
@@ -50,8 +50,6 @@ def main() -> int:
     Base.metadata.create_all(engine, tables=[ITEMS_TABLE])
     coordinator = build(sessionmaker(engine), url, settings["notifications"])
     coordinator.create_worker_tables()
-    # Every engine of this process (the coordinator's included), from now on.
-    event.listen(sa.Engine, "before_cursor_execute", _count)
     coordinator.start()
     try:
         print(json.dumps({"ready": True, "server": server_version(engine)}), flush=True)
@@ -60,7 +58,16 @@ def main() -> int:
             seconds = float(request["idle"])
             with _lock:
                 _counts.clear()
-            time.sleep(seconds)
+            # Every engine of this process (the coordinator's included), for the window
+            # only: a statement listener costs every statement time, and dbworker takes
+            # SQLAlchemy's full path, not the driver's cursor, for a watched connection
+            # (``dialects.driver_cursor``), so a listener left in place slowed each
+            # pickup measured here (and the handler processes forked with it).
+            event.listen(sa.Engine, "before_cursor_execute", _count)
+            try:
+                time.sleep(seconds)
+            finally:
+                event.remove(sa.Engine, "before_cursor_execute", _count)
             with _lock:
                 counted = dict(_counts.most_common())
             total = sum(counted.values())
