@@ -59,6 +59,27 @@ def test_postgresql_reads_the_watermark_inside_its_discovery(database_url: str) 
             assert len(sql) == 1, sql
 
 
+@pytest.mark.backends("sqlite")
+def test_sqlite_reads_the_watermark_inside_its_discovery(database_url: str) -> None:
+    # The INSERT reads the watermark and returns the keys it stored: a woken poll's
+    # discovery is one statement; one that finds nothing then reads the watermark (an
+    # idle poll: two statements, as before).
+    with Harness(lambda _clock: for_url(database_url), database_url) as h:
+        h.seed(items=())
+        conn = h.actor()
+        assert _discover(h, conn) == (0, None)
+        h.add_items(1, 2, 3)
+        for expected, statements in (((3, 3), 1), ((0, 3), 2)):
+            with statements_run(conn) as seen:
+                assert _discover(h, conn) == expected
+            sql = [s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]
+            assert len(sql) == statements, sql
+        h.add_items(7, 9)
+        with statements_run(conn) as seen:
+            assert _discover(h, conn) == (2, 9)
+        assert len([s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]) == 1
+
+
 @pytest.mark.backends("mysql")
 def test_repeatable_read_discovers_in_two_statements(database_url: str) -> None:
     # The application's default on InnoDB: an INSERT ... SELECT would lock the source.

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Connection,
     Select,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     bindparam,
     exists,
     func,
+    literal,
     literal_column,
     or_,
     select,
@@ -27,6 +29,11 @@ from sqlalchemy import (
 from ..core.status import OPEN, Phase
 from .interface import DialectInterface
 from .terms import PENDING_COLUMNS, WorkerTable, status_in, status_literal
+
+#: Where discovery in one round trip starts when no record exists yet: the smallest
+#: BIGINT, below every other integer key (a source row with this very key is left to the
+#: sweeps, which look at every key).
+LOWEST_KEY = -(2**63)
 
 
 class Discovery(DialectInterface):
@@ -95,6 +102,8 @@ class Discovery(DialectInterface):
     def _discover_in_one_insert(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
         """Discovery as one ``INSERT ... SELECT`` from the source table (``insert_ignore``
         leaves keys another coordinator added): the records added, and the watermark."""
+        if self.watermark_read_in_insert and conn.dialect.insert_returning:
+            return self._discover_returning(conn, worker)
 
         def build(above: bool) -> Any:
             rows = self._above_watermark(worker, above, *self._pending_values(worker.source_pk))
@@ -103,6 +112,36 @@ class Discovery(DialectInterface):
         result, watermark = self._discovery_round(conn, worker, build)
         added = int(result.rowcount)
         return added, self.watermark(conn, worker) if added else watermark
+
+    def _discover_returning(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        """``_discover_in_one_insert`` in one statement: the INSERT reads the watermark
+        itself and returns the keys it stored, the largest of which is the new one. New
+        rows cost one statement, not three (read the watermark, insert, read it again);
+        a discovery that finds nothing reads the watermark after it."""
+        statement = self._built_once(
+            ("discover_returning", worker.table), lambda: self._discovery_returning(worker)
+        )
+        keys = conn.execute(statement).scalars().all()
+        return (len(keys), max(keys)) if keys else (0, self.watermark(conn, worker))
+
+    def _discovery_returning(self, worker: WorkerTable) -> Any:
+        table, pk = worker.table, worker.source_pk
+        newest = select(func.max(table.c.source_id)).scalar_subquery()
+        # Above the watermark, or above LOWEST_KEY when there is none: a bound that
+        # names no source column is evaluated once, so the search stays an ordered walk
+        # of the key from there ("newest IS NULL OR ..." would filter every key).
+        above = func.coalesce(newest, literal(LOWEST_KEY, BigInteger()))
+        rows = worker.own(
+            select(*self._pending_values(pk))
+            .where(pk > above)
+            .order_by(pk)
+            .limit(self.discovery_batch)
+        )
+        return (
+            self.insert_ignore(table)
+            .from_select(PENDING_COLUMNS, rows)
+            .returning(table.c.source_id)
+        )
 
     def sweep(self, conn: Connection, worker: WorkerTable, above: Any = None) -> int:
         """Add pending records for every source row (above ``above``) that has none."""

@@ -69,6 +69,10 @@ class DialectInterface(ABC):
     #: ``discover`` and does not declare this flag again gets False: its discovery
     #: runs, followed by a read of the watermark.
     supports_discovery_watermark: ClassVar[bool] = True
+    #: Whether discovery runs as one ``INSERT ... SELECT ... RETURNING`` that reads the
+    #: watermark from the table it inserts into (``_discover_returning``), where the
+    #: driver has RETURNING. On by choice of each dialect, as measured (SQLite).
+    watermark_read_in_insert: ClassVar[bool] = False
     #: Whether a new connection's first statements pay for loading what they read
     #: into a new server session (PostgreSQL: a new backend process, empty caches).
     new_connection_is_cold: ClassVar[bool] = False
