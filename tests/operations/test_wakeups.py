@@ -21,8 +21,10 @@ from .servers import PrivateServer
 from .support import capture_dbworker_logs, site, wait_until
 
 WORKER = "ops_wake"
-#: Polling so rare that the tests' deadlines (WOKEN) end long before a poll is due.
-SLOW = {"poll_seconds": 60, "max_poll_seconds": 60}
+#: Polling so rare that the tests' deadlines (WOKEN) end long before a poll is due, and
+#: leases so long that no renewal wakes the scheduler before then either: a wake-up it
+#: did not wait for would be noticed only at its next poll.
+SLOW = {"poll_seconds": 60, "max_poll_seconds": 60, "lease_seconds": 600}
 WOKEN = 30.0
 
 
@@ -172,7 +174,7 @@ def test_listener_reconnects_after_a_server_restart_and_nothing_is_lost(
     private_server: PrivateServer, tmp_path: Path
 ) -> None:
     with site(private_server.url, tmp_path / "work") as s, capture_dbworker_logs() as logs:
-        coordinator = started(s.coordinator(**SLOW, lease_seconds=10))
+        coordinator = started(s.coordinator(**{**SLOW, "lease_seconds": 10}))
         wakeups = scheduler(coordinator).wakeups
         listener = wakeups.listener if wakeups is not None else None
         assert listener is not None
