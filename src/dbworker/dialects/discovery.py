@@ -91,13 +91,15 @@ class Discovery(DialectInterface):
 
     def _discovery_round(
         self, conn: Connection, worker: WorkerTable, build: Callable[[bool], Any]
-    ) -> tuple[Any, Any]:
+    ) -> tuple[int, Any]:
         """Run a dialect's one-statement discovery, ``build(above)`` (built once per table
-        and whether a watermark bounds it); its result and the watermark it started from."""
+        and whether a watermark bounds it): the rows it matched, and the watermark it
+        started from."""
         watermark = self.watermark(conn, worker)
         above = watermark is not None
-        statement = self._built_once(("discover", worker.table, above), lambda: build(above))
-        return conn.execute(statement, {"watermark": watermark}), watermark
+        key = ("discover", worker.table, above)
+        statement = self._built_once(key, lambda: build(above))
+        return self._matched(conn, key, statement, {"watermark": watermark}), watermark
 
     def _discover_in_one_insert(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
         """Discovery as one ``INSERT ... SELECT`` from the source table (``insert_ignore``
@@ -109,8 +111,7 @@ class Discovery(DialectInterface):
             rows = self._above_watermark(worker, above, *self._pending_values(worker.source_pk))
             return self.insert_ignore(worker.table).from_select(PENDING_COLUMNS, rows)
 
-        result, watermark = self._discovery_round(conn, worker, build)
-        added = int(result.rowcount)
+        added, watermark = self._discovery_round(conn, worker, build)
         return added, self.watermark(conn, worker) if added else watermark
 
     def _discover_returning(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
@@ -121,7 +122,7 @@ class Discovery(DialectInterface):
         statement = self._built_once(
             ("discover_returning", worker.table), lambda: self._discovery_returning(worker)
         )
-        keys = conn.execute(statement).scalars().all()
+        keys = [row[0] for row in self._rows_of(conn, statement, statement, {})]
         return (len(keys), max(keys)) if keys else (0, self.watermark(conn, worker))
 
     def _discovery_returning(self, worker: WorkerTable) -> Any:
@@ -185,7 +186,10 @@ class Discovery(DialectInterface):
             conn.execute(statement, [{"worker": worker, "slot": slot} for slot in slots])
 
     def watermark(self, conn: Connection, worker: WorkerTable) -> Any:
-        return conn.execute(select(func.max(worker.table.c.source_id))).scalar()
+        table = worker.table
+        key = ("watermark", table)
+        statement = self._built_once(key, lambda: select(func.max(table.c.source_id)))
+        return self._rows_of(conn, key, statement, {})[0][0]
 
     def _add_pending(self, conn: Connection, worker: WorkerTable, rows: Sequence[Any]) -> int:
         if not rows:

@@ -48,7 +48,7 @@ from ..core.transitions import (
 )
 from ..core.transitions import INCREMENT as INCREMENT_VALUE
 from ..core.transitions import NOW as NOW_VALUE
-from .driver_cursor import DriverForms, rowcount
+from .driver_cursor import DriverForms
 from .terms import NEVER_ISSUED_TOKEN, Clock, WorkerTable, status_in, status_literal
 
 
@@ -121,6 +121,11 @@ class FencedTransitions:
     ) -> Any:  # pragma: no cover
         raise NotImplementedError
 
+    def _matched(
+        self, conn: Connection, key: tuple[Any, ...], statement: Any, params: dict[str, Any]
+    ) -> int:  # pragma: no cover - DialectInterface provides it
+        raise NotImplementedError
+
     def _fenced(
         self,
         conn: Connection,
@@ -153,16 +158,6 @@ class FencedTransitions:
         key = ("fenced", table, event, shape)
         statement = self._built_once(key, lambda: self._fenced_update(table, event, values))
         return self._matched(conn, key, statement, params) == 1
-
-    def _matched(
-        self, conn: Connection, key: tuple[Any, ...], statement: Any, params: dict[str, Any]
-    ) -> int:
-        """The rows a built-once statement matched, run on the driver's cursor unless
-        someone watches statements (``driver_cursor``: a handler's finish is one)."""
-        driver = None if self.clock is not None else self._driver_forms.get(conn, key, statement)
-        if driver is not None:
-            return rowcount(conn, driver, params)
-        return int(conn.execute(statement, params).rowcount)
 
     def finish_all(
         self, conn: Connection, worker: WorkerTable, held: Sequence[tuple[Any, int]]

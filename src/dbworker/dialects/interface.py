@@ -42,7 +42,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import Insert
 
-from .driver_cursor import DriverForms, all_rows
+from .driver_cursor import DriverForms, all_rows, rowcount
 from .liveness import ping_when_idle
 from .rate_slots import RateState
 from .terms import Clock
@@ -149,6 +149,16 @@ class DialectInterface(ABC):
         if driver is None:
             return [tuple(row) for row in conn.execute(statement, params)]
         return all_rows(conn, driver, params)
+
+    def _matched(
+        self, conn: Connection, key: tuple[Any, ...], statement: Any, params: dict[str, Any]
+    ) -> int:
+        """The rows a built-once statement matched, run on the driver's cursor unless
+        someone watches statements (``driver_cursor``: a handler's finish is one)."""
+        driver = None if self.clock is not None else self._driver_forms.get(conn, key, statement)
+        if driver is not None:
+            return rowcount(conn, driver, params)
+        return int(conn.execute(statement, params).rowcount)
 
     # -- writing -------------------------------------------------------------------
 

@@ -130,7 +130,7 @@ class PostgreSQLDialect(Dialect):
         statement = self._built_once(
             ("discover_in_one", worker.table), lambda: self._discovery_statement(worker)
         )
-        found, largest, _added, watermark = conn.execute(statement).one()
+        (found, largest, _added, watermark), *_ = self._rows_of(conn, statement, statement, {})
         return int(found), watermark if largest is None else largest
 
     def _discovery_statement(self, worker: WorkerTable) -> Any:
