@@ -12,9 +12,11 @@ from sqlalchemy import (
     Engine,
     Float,
     Select,
+    String,
     Table,
     case,
     cast,
+    column,
     extract,
     func,
     literal,
@@ -77,6 +79,9 @@ _GUARD = text(
         off=", ".join(f"set_config('{name}', 'off', true)" for name in PLAN_SETTINGS),
         read=", ".join(f"current_setting('{name}') AS {name}" for name in PLAN_SETTINGS),
     )
+).columns(  # its result's columns, by position: run on the driver's cursor (_rows_of)
+    *[column(f"dbworker_{name}", String()) for name in PLAN_SETTINGS],
+    *[column(f"dbworker_{name}_off", String()) for name in PLAN_SETTINGS],
 )
 # Restores what _GUARD read: an uncorrelated condition, which PostgreSQL evaluates once,
 # as a one-time filter, when the statement starts executing (planning is over by then).
@@ -308,7 +313,7 @@ class PostgreSQLDialect(Dialect):
     def _guard(self, conn: Connection) -> dict[str, str]:
         """Switch PLAN_SETTINGS off for the next statement, which restores them from the
         parameters returned here."""
-        row = conn.execute(_GUARD).one()
+        row = self._rows_of(conn, "plan_guard", _GUARD, {})[0]
         return {f"dbworker_{name}": row[i] for i, name in enumerate(PLAN_SETTINGS)}
 
     def _plan_search(self, search: Select[Any]) -> Select[Any]:
