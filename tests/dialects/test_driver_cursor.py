@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, create_engine, event, exc, text, update
+from sqlalchemy import Connection, create_engine, event, exc, select, text, update
 
 from dbworker.dialects import for_url
 from dbworker.testing import Harness
+from dbworker.testing.models import Item
 from server_sessions import drop_on_server, server_id
 
 
@@ -38,11 +39,11 @@ def test_fenced_statements_have_a_driver_form_on_each_database(database_url: str
         assert compiled and all(statement is not None for statement in compiled), compiled
 
 
-def test_discovery_runs_on_the_driver_cursor(
+def test_discovery_and_claims_run_on_the_driver_cursor(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A woken poll's discovery and its watermark: SQLAlchemy's execution around them cost
-    # PostgreSQL's pickup about 0.6 ms (``benchmarks/results/ab_discovery_driver.json``).
+    # A woken poll's discovery, its watermark and its claim: SQLAlchemy's execution around
+    # discovery alone cost PostgreSQL's pickup about 0.6 ms (``ab_discovery_driver.json``).
     with Harness(lambda _clock: for_url(database_url), database_url) as h:
         h.seed(items=())
         conn = h.actor()
@@ -57,8 +58,10 @@ def test_discovery_runs_on_the_driver_cursor(
         for _ in range(2):  # new rows, then none (the watermark read after it)
             with conn.begin():
                 h.dialect.discover_to_watermark(conn, h.items)
+        claimed = h.claim(conn, h.items, select(Item).order_by(Item.id), 2)
         monkeypatch.undo()
         assert len(h.records(h.items)) == 3
+        assert [c.source_id for c in claimed] == [1, 2]
 
 
 def test_outside_a_transaction_the_statement_joins_one_begun_for_it(database_url: str) -> None:

@@ -18,7 +18,6 @@ from sqlalchemy import (
     Select,
     Table,
     and_,
-    bindparam,
     or_,
     select,
     update,
@@ -28,7 +27,17 @@ from ..core.status import OPEN, Phase
 from .claim_values import claim_values
 from .interface import DialectInterface
 from .limited import claim_limited
-from .terms import Claim, Claims, Owner, WorkerTable, claim_columns, status_in, status_literal
+from .terms import (
+    Claim,
+    Claims,
+    Owner,
+    WorkerTable,
+    by_position,
+    claim_columns,
+    keys_in,
+    status_in,
+    status_literal,
+)
 
 
 class Claiming(DialectInterface):
@@ -108,11 +117,12 @@ class Claiming(DialectInterface):
         skipped = locked.skipped if isinstance(locked, Claims) else 0
         if not locked:
             return Claims.of((), skipped)
+        # One statement per count of keys, built once, on the driver's cursor.
+        key = ("claim", worker.table, lease_seconds, owner, len(locked))
         statement = self._built_once(
-            ("claim", worker.table, lease_seconds, owner),
-            lambda: self._claim_update(worker.table, lease_seconds, owner),
+            key, lambda: self._claim_update(worker.table, lease_seconds, owner, len(locked))
         )
-        conn.execute(statement, {"ids": [c.source_id for c in locked]})
+        self._matched(conn, key, statement, by_position([c.source_id for c in locked]))
         # The caller decides on max_crashes from the claim, so report the count as
         # the UPDATE above stored it: the locked status is the one its CASE read.
         return Claims.of(
@@ -142,15 +152,13 @@ class Claiming(DialectInterface):
         every dialect's ``claim`` sends such a worker here first."""
         return claim_limited(self, conn, worker, eligible, limit, lease_seconds, owner)
 
-    def _row_lock(self, table: Table) -> Select[Any]:
-        """Lock the records ``ids`` that are still claimable, skipping locked ones
-        (SQLAlchemy drops FOR UPDATE on SQLite, whose claims hold the write lock)."""
+    def _row_lock(self, table: Table, count: int | None = None) -> Select[Any]:
+        """Lock the records ``ids`` (or ``count`` of them, ``keys_in``) that are still
+        claimable, skipping locked ones (SQLAlchemy drops FOR UPDATE on SQLite, whose
+        claims hold the write lock)."""
         return (
             select(*claim_columns(table))
-            .where(
-                table.c.source_id.in_(bindparam("ids", expanding=True)),
-                self.claimable(table, self.now()),
-            )
+            .where(keys_in(table, count), self.claimable(table, self.now()))
             .with_for_update(skip_locked=True)
         )
 
@@ -185,11 +193,14 @@ class Claiming(DialectInterface):
         as a fixed-length digest (``KEY_DIGEST_PREFIX`` + 64 hex digits of its SHA-256)."""
         return key
 
-    def _claim_update(self, table: Table, lease_seconds: float, owner: Owner) -> Any:
-        """The UPDATE that claims the locked records ``ids``."""
+    def _claim_update(
+        self, table: Table, lease_seconds: float, owner: Owner, count: int | None = None
+    ) -> Any:
+        """The UPDATE that claims the locked records ``ids`` (or ``count`` of them,
+        ``keys_in``)."""
         return (
             update(table)
-            .where(table.c.source_id.in_(bindparam("ids", expanding=True)))
+            .where(keys_in(table, count))
             .ordered_values(*self._claim_values(table, lease_seconds, owner))
         )
 

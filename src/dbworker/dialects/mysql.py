@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -44,7 +45,7 @@ from .open_first import (
     reuse,
     status_index,
 )
-from .terms import Claim, Claims, WorkerTable, claim_columns
+from .terms import Claim, Claims, WorkerTable, by_position, claim_columns, keys_in
 
 # 1205 lock wait timeout, 1213 deadlock, 1927 connection killed (MariaDB),
 # 2002/2003 cannot connect, 2006 server gone away, 2013 lost connection, 4031 idle disconnect.
@@ -209,7 +210,7 @@ class MySQLDialect(Dialect):
             search, params = reuse(
                 self, ("search", table), eligible, window, self._search(worker, eligible, window)
             )
-            searched = conn.execute(search, params).all()
+            searched = self._rows_of(conn, search, search, params)
             found = [row[0] for row in searched if row[0] not in seen]
             if not found:
                 break
@@ -220,8 +221,10 @@ class MySQLDialect(Dialect):
             while position < len(found) and len(claims) < limit:
                 chunk = found[position : position + limit - len(claims)]
                 position += len(chunk)
-                lock = self._built_once(("lock", table), lambda: self._row_lock(table))
-                rows: list[Any] = list(conn.execute(lock, {"ids": chunk}).all())
+                # One statement per count of keys, built once, on the driver's cursor.
+                key = ("lock", table, len(chunk))
+                lock = self._built_once(key, functools.partial(self._row_lock, table, len(chunk)))
+                rows = self._rows_of(conn, key, lock, by_position(chunk))
                 locked = {row[0]: Claim(*row) for row in rows}
                 claims.extend(locked[i] for i in chunk if i in locked)
                 # Found claimable, then locked by someone else or taken meanwhile.
@@ -240,14 +243,12 @@ class MySQLDialect(Dialect):
 
         return build
 
-    def _row_lock(self, table: Table) -> Select[Any]:
-        """Lock the records ``ids`` that are still claimable, skipping locked ones."""
+    def _row_lock(self, table: Table, count: int | None = None) -> Select[Any]:
+        """Lock the records ``ids`` (or ``count`` of them, ``keys_in``) that are still
+        claimable, skipping locked ones."""
         lock = (
             select(*claim_columns(table))
-            .where(
-                table.c.source_id.in_(bindparam("ids", expanding=True)),
-                self.claimable(table, self.now()),
-            )
+            .where(keys_in(table, count), self.claimable(table, self.now()))
             .with_for_update(skip_locked=True)
         )
         # Through the primary key only: MariaDB 10.11 picked the open-records

@@ -7,10 +7,17 @@ import dataclasses
 import datetime as dt
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Select, Table, literal_column
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    Table,
+    bindparam,
+    literal_column,
+)
 from sqlalchemy.exc import IntegrityError
 
 from ..core.errors import ClaimContention
@@ -130,6 +137,24 @@ def claim_columns(table: Table) -> tuple[ColumnElement[Any], ...]:
     """What a claim reads of each record: the fields of ``Claim``, in order."""
     c = table.c
     return (c.source_id, c.token, c.attempts, c.failures, c.crashes, c.status)
+
+
+def keys_in(table: Table, count: int | None) -> ColumnElement[bool]:
+    """``table``'s source id in the list parameter ``ids`` (``count`` None), or in
+    ``count`` parameters named by position (``by_position``): a statement built once
+    per count runs on the driver's cursor, where an expanding IN would be rendered anew
+    for every execution."""
+    source_id = table.c.source_id
+    if count is None:
+        return source_id.in_(bindparam("ids", expanding=True))
+    return source_id.in_(
+        [bindparam(f"dbworker_key_{i}", type_=source_id.type) for i in range(count)]
+    )
+
+
+def by_position(keys: Sequence[Any]) -> dict[str, Any]:
+    """The parameters of ``positional_keys`` for ``keys``, in order."""
+    return {f"dbworker_key_{i}": key for i, key in enumerate(keys)}
 
 
 def epoch_to_datetime(value: float | None) -> dt.datetime | None:
