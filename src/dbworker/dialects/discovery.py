@@ -132,12 +132,7 @@ class Discovery(DialectInterface):
         # names no source column is evaluated once, so the search stays an ordered walk
         # of the key from there ("newest IS NULL OR ..." would filter every key).
         above = func.coalesce(newest, literal(LOWEST_KEY, BigInteger()))
-        rows = worker.own(
-            select(*self._pending_values(pk))
-            .where(pk > above)
-            .order_by(pk)
-            .limit(self.discovery_batch)
-        )
+        rows = self._above_watermark(worker, False, *self._pending_values(pk)).where(pk > above)
         return (
             self.insert_ignore(table)
             .from_select(PENDING_COLUMNS, rows)

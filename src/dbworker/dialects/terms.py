@@ -153,7 +153,7 @@ def keys_in(table: Table, count: int | None) -> ColumnElement[bool]:
 
 
 def by_position(keys: Sequence[Any]) -> dict[str, Any]:
-    """The parameters of ``positional_keys`` for ``keys``, in order."""
+    """The parameters of ``keys_in(table, len(keys))`` for ``keys``, in order."""
     return {f"dbworker_key_{i}": key for i, key in enumerate(keys)}
 
 
