@@ -10,7 +10,7 @@ scheduling; the coordinator knows nothing of processes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..core.tasks import Result, Task, TaskKey
@@ -47,8 +47,10 @@ class ConcurrentRunner(Runner, Protocol):
     async def start_async(self, capacity: int, driver: str | None) -> None:
         """Before the event loop's first invocation (``driver``: the asyncio driver)."""
 
-    async def run_async(self, task: Task) -> Result:
-        """``run`` for an ``async def`` handler, on the running event loop."""
+    async def run_async(self, task: Task, returned: Callable[[], None] | None = None) -> Result:
+        """``run`` for an ``async def`` handler, on the running event loop.
+        ``returned`` is called once the handler has returned, before its ending
+        commits (its slot may take the next task meanwhile)."""
         ...
 
     async def dispose_async(self) -> None:

@@ -160,7 +160,7 @@ class MultiplexedPool(Executor):
 
     def free_slots(self) -> int:
         taking = [c for c in self._children if self._takes_work(c)]
-        idle = sum(self._room_of(c) - len(c.tasks) for c in taking) - len(self._waiting)
+        idle = sum(self._room_of(c) - self._busy(c) for c in taking) - len(self._waiting)
         ahead = self._ahead(sum(self._room_of(c) for c in taking))
         if idle > 0:
             return idle + ahead  # a slot has nothing to start: claim now
@@ -197,8 +197,19 @@ class MultiplexedPool(Executor):
                     continue
                 room = self._room_of(child)
                 limit = room + self._ahead(room) if ahead else room
-                while self._waiting and len(child.tasks) < limit:
+                while self._waiting and self._busy(child) < limit:
                     self._send(child, self._waiting.popleft(), room)
+
+    def _busy(self, child: Child) -> int:
+        """``child``'s tasks that hold a slot or wait for one. An event loop's process
+        starts a task sent ahead as soon as a handler returns, while that one's ending
+        still commits: tasks reported started beyond its room are such endings, which
+        hold no slot (counted, they kept the next wave's tasks from being claimed
+        ahead until those endings' results came back)."""
+        queued = self._queued
+        waiting = sum(1 for task in child.tasks if task.key in queued) if queued else 0
+        started = len(child.tasks) - waiting
+        return min(started, self._room_of(child)) + waiting
 
     def _send(self, child: Child, task: Task, room: int) -> None:
         # Sent ahead unless it surely finds a slot free: while tasks sent ahead are

@@ -184,6 +184,9 @@ class _LoopServer:
         self.lag_warning = lag_warning
         self.capacity = 1
         self.running: dict[TaskKey, asyncio.Task[None]] = {}
+        #: Those of ``running`` whose handler returned: their slot is free while their
+        #: ending commits.
+        self.returned: set[TaskKey] = set()
         #: Tasks sent ahead, waiting for a slot (with whether they came as AHEAD).
         self.waiting: collections.deque[tuple[TaskMessage, bool]] = collections.deque()
         self.arrived = select.poll()
@@ -236,7 +239,7 @@ class _LoopServer:
     def _start_waiting(self, loop: asyncio.AbstractEventLoop) -> list[TaskKey]:
         """Start waiting tasks while there is room; the keys of those sent ahead."""
         started: list[TaskKey] = []
-        while self.waiting and len(self.running) < self.capacity:
+        while self.waiting and len(self.running) - len(self.returned) < self.capacity:
             message, ahead = self.waiting.popleft()
             key = message_key(message)
             self.running[key] = loop.create_task(self._one(key, message))
@@ -245,20 +248,31 @@ class _LoopServer:
         return started
 
     async def _one(self, key: TaskKey, message: TaskMessage) -> None:
+        loop = asyncio.get_running_loop()
+
+        def returned() -> None:
+            # The handler is done: the next task may start while this one's ending
+            # commits (a wave's endings would otherwise delay every next start).
+            self.returned.add(key)
+            started = self._start_waiting(loop)
+            if started:
+                self._send((STARTED, started, None))
+
         try:
             task = task_from_message(message)
             if isinstance(task, Result):
                 result = task
             else:
-                result = await self.runner.run_async(task)
+                result = await self.runner.run_async(task, returned)
         except asyncio.CancelledError:
             result = None
         except Exception as exc:
             result = _crashed(key, exc)
         finally:
             self.running.pop(key, None)
+            self.returned.discard(key)
         ended: Any = (CANCELLED, key) if result is None else result
-        started = self._start_waiting(asyncio.get_running_loop())
+        started = self._start_waiting(loop)
         if started:
             if result is None:
                 self._send(ended)

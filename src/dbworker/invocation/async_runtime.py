@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -32,8 +33,10 @@ from ..dialects.terms import READ_ONLY_OPTION
 from .connections import pool_options
 from .failures import HandlerFailure
 from .loading import SourceLoader
+from .reading import AsyncReads
 from .runtime import KEPT_AFTER, ChildConfig, worker_table
 from .session import HandlerSession
+from .together import AsyncPartings, Parting
 from .turns import (
     ENDING_AT_ONCE,
     ENDING_TURN_WAIT,
@@ -79,6 +82,10 @@ class AsyncRuntime:
         #: for threads): a checkout and check-in cost two trips through the greenlet and
         #: the pool's events per invocation, all on the loop every invocation waits on.
         self._idle: list[AsyncConnection] = []
+        self._partings: AsyncPartings | None = None
+        #: Connections kept for reading source rows apart (``_load_apart``).
+        self._readers: list[AsyncConnection] = []
+        self._reads: AsyncReads | None = None
 
     @property
     def starting(self) -> asyncio.Semaphore:
@@ -126,7 +133,12 @@ class AsyncRuntime:
                 pass
 
     async def dispose(self) -> None:
-        idle, self._idle = self._idle, []
+        if self._partings is not None:
+            await self._partings.close()
+        if self._reads is not None:
+            await self._reads.close()
+        idle, self._idle = self._idle + self._readers, []
+        self._readers = []
         for conn in idle:
             with contextlib.suppress(Exception):
                 await conn.close()
@@ -134,46 +146,87 @@ class AsyncRuntime:
             with contextlib.suppress(Exception):
                 await self._engine.dispose()
 
-    async def run(self, task: Task) -> Result:
+    @property
+    def partings(self) -> AsyncPartings:
+        """Endings together (``together.py``); made on the running loop."""
+        if self._partings is None:
+            self._partings = AsyncPartings(self.dialect, self._take, self._give_back)
+        return self._partings
+
+    @property
+    def reads(self) -> AsyncReads:
+        """Source rows read together (``reading.py``); made on the running loop."""
+        if self._reads is None:
+            self._reads = AsyncReads(self._reader, self._readers.append)
+        return self._reads
+
+    async def run(self, task: Task, returned: Callable[[], None] | None = None) -> Result:
         started = time.monotonic()
-        result = await self._run(task)
+        result = await self._run(task, True, returned)
+        if result is None:  # its ending together failed as a whole: it runs again, alone
+            result = await self._run(task, False, None)
+        assert result is not None
         return replace(result, duration=time.monotonic() - started)
 
-    async def _run(self, task: Task) -> Result:
+    async def _run(
+        self, task: Task, together: bool, returned: Callable[[], None] | None
+    ) -> Result | None:
         worker = self.prepare(task.worker, task.source, task.keyed)
         turn = StartingTurn(self.starting)
-        await turn.take()
+        if not together:  # reads together take a burst at once (``reading.py``)
+            await turn.take()
         try:
-            return await self._connected(task, worker, turn)
+            return await self._connected(task, worker, turn, together, returned)
         finally:
             turn.end()
 
-    async def _connected(self, task: Task, worker: WorkerTable, turn: StartingTurn) -> Result:
+    async def _connected(
+        self,
+        task: Task,
+        worker: WorkerTable,
+        turn: StartingTurn,
+        together: bool,
+        returned: Callable[[], None] | None,
+    ) -> Result | None:
+        session = AsyncSession(sync_session_class=HandlerSession, expire_on_commit=False)
+        handler_session = session.sync_session
+        assert isinstance(handler_session, HandlerSession)
+        source: Any = _UNREAD
         try:
+            if together:
+                # Read apart before taking a connection, so that the reads of a burst
+                # of starts (each of which may wait to connect) go together, and the
+                # handler holds no transaction while it waits: if it sends no
+                # statement, its ending joins others'.
+                source = await self._load_apart(session, task, worker)
             conn = await self._take()
         except Exception as exc:
             turn.end()
             return await self.record_failure(task, worker, exc)
-        session = AsyncSession(bind=conn, sync_session_class=HandlerSession, expire_on_commit=False)
-        handler_session = session.sync_session
-        assert isinstance(handler_session, HandlerSession)
+        session.bind = conn
+        handler_session.bind = conn.sync_connection
         kept = False
         try:
-            result = await self._invoke(task, worker, session, handler_session, turn)
-            kept = result.kind in KEPT_AFTER
+            result = await self._invoke(
+                task, worker, conn, session, handler_session, turn, source, returned
+            )
+            kept = result is not None and result.kind in KEPT_AFTER
             return result
         except BaseException:
             # Cancelled (a timeout, a lost claim, a stop) mid-statement, perhaps: the
             # connection's state is unknown, so it is discarded, and the server rolls
             # the transaction back.
-            with contextlib.suppress(Exception):
-                await conn.invalidate()
+            if not handler_session._dbworker_parted:
+                with contextlib.suppress(Exception):
+                    await conn.invalidate()
             raise
         finally:
             handler_session._dbworker_guarded = False
             with contextlib.suppress(Exception):
                 await session.close()
-            if kept and self.keeps_connections:
+            if handler_session._dbworker_parted:
+                pass  # given back when its handler returned
+            elif kept and self.keeps_connections:
                 self._idle.append(conn)
             else:  # whatever went wrong may have left the connection unusable
                 with contextlib.suppress(Exception):
@@ -196,18 +249,34 @@ class AsyncRuntime:
                 await conn.close()
         return await self.engine.connect()
 
+    async def _give_back(self, conn: AsyncConnection, usable: bool) -> None:
+        """Keep ``conn`` for a later use, or close it if it may be unusable."""
+        if usable and self.keeps_connections and not conn.in_transaction():
+            self._idle.append(conn)
+            return
+        with contextlib.suppress(Exception):
+            if usable:
+                await conn.close()
+            else:
+                await conn.invalidate()
+
     async def _invoke(
         self,
         task: Task,
         worker: WorkerTable,
+        conn: AsyncConnection,
         session: AsyncSession,
         guarded: HandlerSession,
         turn: StartingTurn,
-    ) -> Result:
+        source: Any,
+        returned: Callable[[], None] | None,
+    ) -> Result | None:
+        # Read already (``_connected``): its ending joins others' if it can.
+        together = source is not _UNREAD
         try:
-            if self.dialect.source_read_apart:
-                source = await self._load_apart(session, task)
-            else:
+            if source is _UNREAD and self.dialect.source_read_apart:
+                source = await self._load_apart(session, task, worker)
+            elif source is _UNREAD:
                 # As the threads' runtime loads it (``loading.py``), in one trip
                 # through the greenlet.
                 loader = self._loader(task.source, worker)
@@ -219,6 +288,8 @@ class AsyncRuntime:
                 )
             turn.end()
             outcome = await task.handler(source, session)
+            if returned is not None:
+                returned()
             if guarded._dbworker_misuse is not None:
                 raise HandlerContractError(
                     f"{guarded._dbworker_misuse}; dbworker owns the session's commit and cleanup"
@@ -233,6 +304,14 @@ class AsyncRuntime:
             else:
                 decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                 kind = ResultKind.UNFINISHED
+            if together and not conn.in_transaction():
+                guarded._dbworker_guarded = False
+                parting = Parting(task, worker, guarded, outcome)
+                # Nothing of it is on its connection (its batch binds the session to
+                # its own): the next invocation may take the connection at once.
+                guarded._dbworker_parted = True
+                await self._give_back(conn, True)
+                return await self.partings.end(parting)
             # The flush, the fenced ending and the commit (or rollback) in one trip
             # through the greenlet: each trip is a pass of the loop, shared with every
             # invocation in flight.
@@ -252,17 +331,30 @@ class AsyncRuntime:
             loader = self._loaders[source] = SourceLoader(source, worker.source_pk)
         return loader
 
-    async def _load_apart(self, session: AsyncSession, task: Task) -> Any:
-        """The source row read on a connection of its own, outside the handler's
-        transaction (``Dialect.source_read_apart``: on SQLite that transaction holds the
-        database's write lock, which must not be taken for the handler's waits), then
-        placed in ``session`` as ``session.get`` would have loaded it."""
-        async with self.engine.connect() as read:
-            await read.execution_options(**{READ_ONLY_OPTION: True})
-            async with AsyncSession(bind=read, expire_on_commit=False) as reading:
-                # Closing (not rolling back) ends the read and leaves the row loaded.
-                found = await reading.get(task.source, task.source_id)
-        return None if found is None else await session.merge(found, load=False)
+    async def _load_apart(self, session: AsyncSession, task: Task, worker: WorkerTable) -> Any:
+        """The source row read apart, outside the handler's transaction (which then
+        begins with the handler's first statement, if any), then placed in ``session``
+        as ``session.get`` would have loaded it. On a connection kept for reading, where
+        each statement commits by itself: on SQLite no write lock is taken for the
+        handler's waits (``Dialect.source_read_apart``); elsewhere a read is one
+        statement, with no BEGIN and no ROLLBACK around it."""
+        loader = self._loader(task.source, worker)
+        return await self.reads.load(loader, session.sync_session, task.source_id)
+
+    async def _reader(self) -> tuple[AsyncConnection, bool]:
+        """A connection kept for reading apart (and whether it was kept), else a new one."""
+        while self._readers:
+            read = self._readers.pop()
+            if not (read.closed or read.invalidated or read.in_transaction()):
+                return read, True
+            with contextlib.suppress(Exception):
+                await read.close()
+        read = await self.engine.connect()
+        options: dict[str, Any] = {READ_ONLY_OPTION: True}
+        if not self.dialect.source_read_apart:
+            options["isolation_level"] = "AUTOCOMMIT"
+        await read.execution_options(**options)
+        return read, False
 
     async def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:
         failure = HandlerFailure.of(task, exc, transient=self.dialect.is_transient(exc))
@@ -293,6 +385,10 @@ def _finish(
         return False
     session.commit()
     return True
+
+
+#: A source row not read yet (``_connected``).
+_UNREAD = object()
 
 
 def _record_on(

@@ -50,7 +50,7 @@ from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
 from ..core.policy import Ending, decide
 from ..core.tasks import Result, ResultKind, Task, TaskKey
-from ..dialects import WorkerTable
+from ..dialects import Dialect, WorkerTable
 from .failures import HandlerFailure
 from .savepoints import driver_savepoints, forget_kept, keep_next_savepoint
 from .session import HandlerSession
@@ -83,12 +83,12 @@ class GroupedSession(HandlerSession):
         super().rollback()
 
 
-class _ClaimLost(Exception):
+class ClaimLost(Exception):
     """A finished item's claim was lost before the group's COMMIT: nothing of the group
     commits, and each of its items runs again alone."""
 
 
-class _GroupBroken(Exception):
+class GroupBroken(Exception):
     """The group's transaction can no longer be trusted (a savepoint could not be
     rolled back): nothing of it may commit."""
 
@@ -139,7 +139,7 @@ def run_group(
         if finished:
             held_now = [(task.source_id, task.token) for task in finished]
             if runtime.dialect.finish_all(conn, worker, held_now) != len(finished):
-                raise _ClaimLost()
+                raise ClaimLost()
         conn.commit()
     except Exception:
         runtime.held.drop()  # rolled back with the connection, whatever state it is in
@@ -182,67 +182,82 @@ def _run_item(
                     f"handler of worker {task.worker!r} returned {outcome!r}; it must "
                     "return Finished() or Unfinished()"
                 )
-            session.flush()
-            if isinstance(outcome, Finished):
-                finished.append(task)
-                kind = ResultKind.FINISHED
-            else:
-                decision = decide(Ending.UNFINISHED, delay=outcome.delay)
-                kind = ResultKind.UNFINISHED
-                if not runtime.dialect.record(
-                    session.connection(), worker, task.source_id, task.token, decision
-                ):
-                    session._dbworker_guarded = False
-                    _roll_back(session)
-                    return Result(task.key, ResultKind.LOST)
-            session._dbworker_guarded = False
-            # Its savepoint is left unreleased: it commits with the group, and a later
-            # item's rollback goes back to that item's own, newer savepoint.
-            keep_next_savepoint(conn)
-            try:
-                session.commit()
-            finally:
-                forget_kept(conn)
-            return Result(task.key, kind)
+            return end_in_savepoint(runtime.dialect, session, task, worker, conn, outcome, finished)
         except _RunsAlone:
             session._dbworker_guarded = False
-            _roll_back(session)
+            roll_back_item(session)
             return None
-        except _GroupBroken:
+        except GroupBroken:
             raise
         except Exception as exc:
             session._dbworker_guarded = False
-            _roll_back(session)
-            return _record_failure(runtime, task, worker, conn, exc)
+            roll_back_item(session)
+            return record_failure_in(runtime.dialect, task, worker, conn, exc)
 
 
-def _roll_back(session: GroupedSession) -> None:
+def end_in_savepoint(
+    dialect: Dialect,
+    session: HandlerSession,
+    task: Task,
+    worker: WorkerTable,
+    conn: Connection,
+    outcome: Finished | Unfinished,
+    finished: list[Task],
+) -> Result:
+    """After the handler returned ``outcome``: its writes flushed in its savepoint of
+    the transaction on ``conn``; an UNFINISH recorded there, fenced (its savepoint
+    rolled back if the claim was lost); a FINISH left to ``finished``, recorded with
+    the others before the COMMIT. The savepoint is kept for the COMMIT. An exception
+    is the item's, for the caller to roll its savepoint back and record."""
+    session.flush()
+    if isinstance(outcome, Finished):
+        finished.append(task)
+        kind = ResultKind.FINISHED
+    else:
+        decision = decide(Ending.UNFINISHED, delay=outcome.delay)
+        kind = ResultKind.UNFINISHED
+        if not dialect.record(session.connection(), worker, task.source_id, task.token, decision):
+            session._dbworker_guarded = False
+            roll_back_item(session)
+            return Result(task.key, ResultKind.LOST)
+    session._dbworker_guarded = False
+    # Its savepoint is left unreleased: it commits with the group, and a later
+    # item's rollback goes back to that item's own, newer savepoint.
+    keep_next_savepoint(conn)
+    try:
+        session.commit()
+    finally:
+        forget_kept(conn)
+    return Result(task.key, kind)
+
+
+def roll_back_item(session: HandlerSession) -> None:
     """Roll the item's savepoint back; if that fails, the group's transaction is gone
     (MariaDB rolls a deadlock's whole transaction back, savepoints included)."""
     try:
         session.rollback()
     except Exception as exc:
-        raise _GroupBroken() from exc
+        raise GroupBroken() from exc
 
 
-def _record_failure(
-    runtime: Runtime, task: Task, worker: WorkerTable, conn: Connection, exc: Exception
+def record_failure_in(
+    dialect: Dialect, task: Task, worker: WorkerTable, conn: Connection, exc: Exception
 ) -> Result:
     """Record a grouped handler's failure as the single path does
     (``Runtime.record_failure``), but in a savepoint of the group's transaction: a
     transaction of its own would wait for the group's locks (on SQLite, its write
     lock) until the group committed."""
-    failure = HandlerFailure.of(task, exc, transient=runtime.dialect.is_transient(exc))
+    failure = HandlerFailure.of(task, exc, transient=dialect.is_transient(exc))
     savepoint = conn.begin_nested()
     try:
-        done = runtime.dialect.record(
+        done = dialect.record(
             conn, worker, task.source_id, task.token, failure.decision, failure.info
         )
     except Exception as db_exc:  # the coordinator will record it instead
         try:
             savepoint.rollback()
         except Exception as broken:
-            raise _GroupBroken() from broken
+            raise GroupBroken() from broken
         return failure.unrecorded(db_exc)
     savepoint.commit()
     return failure.written(done)

@@ -14,6 +14,7 @@ the handler cannot tell the two apart.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Column, ColumnElement, Connection, Table, bindparam, inspect, select
@@ -37,6 +38,7 @@ _SESSION_HOOKS = ("do_orm_execute", "loaded_as_persistent", "detached_to_persist
 _INSTANCE_HOOKS = ("load", "refresh", "expire")
 
 _KEY = "dbworker_source_id"
+_KEYS = "dbworker_source_ids"
 
 
 class SourceLoader:
@@ -50,6 +52,14 @@ class SourceLoader:
         self._direct = None if columns is None else select(*columns).where(pk == bindparam(_KEY))
         self._keys = [] if columns is None else [_attribute(mapper, c) for c in columns]
         self._driver = DriverForms()
+        #: Several rows by key in one statement (``load_many_apart``), and where the key
+        #: is among the columns.
+        self._many = (
+            None
+            if columns is None
+            else select(*columns).where(pk.in_(bindparam(_KEYS, expanding=True)))
+        )
+        self._key_at = 0 if columns is None else [c.key for c in columns].index(str(pk.key))
 
     @property
     def direct(self) -> bool:
@@ -79,6 +89,23 @@ class SourceLoader:
             return instance
         row = first_row(read, driver, {_KEY: source_id}, alone=True)
         return None if row is None else self._instance(session, row)
+
+    def load_many_apart(
+        self, wanted: Sequence[tuple[Session, Any]], read: Connection
+    ) -> list[Any] | None:
+        """``load_apart`` for each (session, source id) of ``wanted``, in one statement
+        (the instances, or None for a row that is gone); None when this mapping, or a
+        session's hooks, need the ORM's load (each is then loaded by itself)."""
+        if self._many is None or not all(self._direct_for(session) for session, _ in wanted):
+            return None
+        rows = read.execute(self._many, {_KEYS: [source_id for _, source_id in wanted]}).all()
+        read.rollback()  # no transaction left open on the reading connection
+        by_key = {row[self._key_at]: row for row in rows}
+        found = []
+        for session, source_id in wanted:
+            row = by_key.get(source_id)
+            found.append(None if row is None else self._instance(session, tuple(row)))
+        return found
 
     def _direct_for(self, session: Session) -> bool:
         return not (

@@ -12,6 +12,9 @@ class HandlerSession(Session):
 
     _dbworker_guarded = False
     _dbworker_misuse: str | None = None
+    #: Its handler returned holding no transaction, and its ending was handed over to
+    #: be committed with others' (``together.py``): its connection went back then.
+    _dbworker_parted = False
 
     def commit(self) -> None:
         if self._dbworker_guarded:

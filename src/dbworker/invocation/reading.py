@@ -1,0 +1,137 @@
+"""Source rows read together: the asyncio executor's invocations that start about the
+same time read their rows in one statement.
+
+Tasks arrive in bursts (a claim's worth, or a wave of I/O-bound handlers whose
+waits ended together, each slot taking its next task at once). Read one by one,
+each row is a trip through the greenlet and a round trip, and the last of a wave of
+50 started 60 ms after the first (``benchmarks.io``). Here a read that finds fewer
+than ``READS_AT_ONCE`` under way starts one, which takes every read waiting (of any
+source) and reads each source's rows with one ``SELECT ... WHERE key IN (...)`` on a
+connection kept for reading apart (``SourceLoader.load_many_apart``; a mapping that
+needs the ORM's load is read row by row there). A lone read is not delayed; the
+rest of a burst queue meanwhile and go in the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.orm import Session
+
+from .loading import SourceLoader
+
+#: Reads under way at once.
+READS_AT_ONCE = 2
+#: Rows one read takes at most.
+READ_MAX_ROWS = 100
+
+
+@dataclass(eq=False, slots=True)
+class _Wanted:
+    loader: SourceLoader
+    session: Session
+    source_id: Any
+    found: Any = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class AsyncReads:
+    """Reads of source rows together, on an event loop (see the module's docstring)."""
+
+    def __init__(
+        self,
+        reader: Callable[[], Awaitable[tuple[AsyncConnection, bool]]],
+        keep: Callable[[AsyncConnection], None],
+    ) -> None:
+        self._reader = reader
+        self._keep = keep
+        self._waiting: collections.deque[_Wanted] = collections.deque()
+        self._active = 0
+        self._ended: asyncio.Event | None = None
+        self._runs: set[asyncio.Task[None]] = set()
+
+    async def load(self, loader: SourceLoader, session: Session, source_id: Any) -> Any:
+        """The row ``source_id`` as ``session`` holds it (None if it is gone)."""
+        wanted = _Wanted(loader, session, source_id)
+        self._waiting.append(wanted)
+        if self._active < READS_AT_ONCE:
+            self._active += 1
+            run = asyncio.get_running_loop().create_task(self._run())
+            self._runs.add(run)
+            run.add_done_callback(self._runs.discard)
+        try:
+            while not wanted.done:
+                if self._ended is None:
+                    self._ended = asyncio.Event()
+                await self._ended.wait()
+        except asyncio.CancelledError:
+            if wanted in self._waiting:
+                self._waiting.remove(wanted)
+            raise
+        if wanted.error is not None:
+            raise wanted.error
+        return wanted.found
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting:
+                count = min(len(self._waiting), READ_MAX_ROWS)
+                batch = [self._waiting.popleft() for _ in range(count)]
+                try:
+                    await self._read(batch)
+                except Exception as exc:
+                    for wanted in batch:
+                        wanted.error = exc
+                finally:
+                    for wanted in batch:
+                        wanted.done = True
+                    ended, self._ended = self._ended, None
+                    if ended is not None:
+                        ended.set()
+        finally:
+            self._active -= 1
+
+    async def _read(self, batch: list[_Wanted]) -> None:
+        for attempt in range(2):
+            read, kept = await self._reader()
+            try:
+                await read.run_sync(_read_all, batch)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await read.invalidate()
+                # One kept while the server restarted fails at its first use (no
+                # transaction begins, where an idle connection would be pinged).
+                if not kept or attempt:
+                    raise
+                continue
+            self._keep(read)
+            return
+
+    async def close(self) -> None:
+        """Wait for reads under way (before the engine is disposed of)."""
+        if self._runs:
+            await asyncio.gather(*self._runs, return_exceptions=True)
+
+
+def _read_all(read: Connection, batch: Sequence[_Wanted]) -> None:
+    """Inside ``run_sync``: each source's rows in one statement where its mapping allows."""
+    by_loader: dict[int, list[_Wanted]] = {}
+    for wanted in batch:
+        by_loader.setdefault(id(wanted.loader), []).append(wanted)
+    for group in by_loader.values():
+        loader = group[0].loader
+        found = None
+        if len(group) > 1:
+            found = loader.load_many_apart([(w.session, w.source_id) for w in group], read)
+        if found is None:
+            found = [loader.load_apart(w.session, w.source_id, read) for w in group]
+        for wanted, instance in zip(group, found, strict=True):
+            wanted.found = instance
