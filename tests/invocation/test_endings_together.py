@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
 
 from dbworker import ExecutionStatus, Finished, Outcome, Unfinished
 from dbworker.core.tasks import Result, ResultKind
 from dbworker.invocation import together
 from dbworker.invocation.async_runtime import AsyncRuntime
 from dbworker.invocation.loading import SourceLoader
-from dbworker.invocation.runtime import ChildConfig, Runtime
+from dbworker.invocation.runtime import ChildConfig
 
 from .test_group import WORKER, GroupEffect, GroupItem, Rig, rig  # noqa: F401  (the fixture)
 
@@ -169,47 +166,3 @@ def test_a_handler_that_holds_a_transaction_ends_alone(
     assert sorted(i for batch in batches for i in batch) == [1, 3]
     assert setup.effects() == dict.fromkeys(range(1, 5), 1)
     assert setup.finished_count() == 4
-
-
-def handle_sync(source: GroupItem, session: Session) -> Outcome:
-    item_id = source.id
-    session.rollback()  # it releases its transaction, as an I/O-bound handler should
-    CALLS.append(item_id)
-    session.add(GroupEffect(item_id=item_id))
-    return Finished()
-
-
-def test_threads_that_released_their_transaction_end_together(
-    rig: Any,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    setup = rig(["ok"] * 5)
-    runtime = Runtime(ChildConfig(str(setup.engine.url), {}, type(setup.runtime.dialect)), True)
-    assert runtime.partings is not None
-    # One batch at a time: the first ending's, alone, then all the others'.
-    partings = runtime.partings = together.ThreadPartings(at_once=1)
-    batches: list[list[int]] = []
-    end_together = together.end_together
-
-    def recorded(dialect: Any, conn: Any, batch: Sequence[together.Parting]) -> Any:
-        if not batches:  # the first batch waits until every other ending queued
-            deadline = time.monotonic() + 30
-            while len(partings._waiting) < len(setup.tasks) - 1:
-                assert time.monotonic() < deadline, "the other endings never queued"
-                time.sleep(0.01)
-        batches.append([p.task.source_id for p in batch])
-        return end_together(dialect, conn, batch)
-
-    monkeypatch.setattr(together, "end_together", recorded)
-    tasks = [dataclasses.replace(task, handler=handle_sync) for task in setup.tasks]
-    CALLS.clear()
-    try:
-        with ThreadPoolExecutor(len(tasks)) as pool:
-            results = list(pool.map(runtime.run, tasks))
-    finally:
-        runtime.dispose()
-    assert [r.kind for r in results] == [FINISHED] * 5
-    assert sorted(len(b) for b in batches) == [1, 4], batches
-    assert setup.effects() == dict.fromkeys(range(1, 6), 1)
-    assert setup.finished_count() == 5
-    assert sorted(CALLS) == list(range(1, 6)), "no handler ran twice"

@@ -28,7 +28,6 @@ from .group import run_group
 from .inherited import refuse_inherited_connections
 from .lending import LentConnections
 from .runtime import ChildConfig, Runtime
-from .together import ThreadPartings
 
 if TYPE_CHECKING:
     # Imported where used: SQLAlchemy's asyncio layer and greenlet (1.8 MiB) are loaded
@@ -53,8 +52,6 @@ class ProcessRunner:
         #: must not use the pooled connections it inherited (``inherited.py``).
         self._origin = os.getpid()
         self._runtime: Runtime | None = None
-        #: Whether its runtime ends invocations together (``concurrent``).
-        self._together = False
         self._lending: LentConnections | None = None
         self._async: AsyncRuntime | None = None
         #: Where ``run`` runs an ``async def`` handler (``drain()``): a loop of its own.
@@ -70,7 +67,6 @@ class ProcessRunner:
         self._workers = ()
         self._fork_template = None
         self._runtime = None
-        self._together = False
         self._lending = None
         self._async = None
         self._loop = None
@@ -78,7 +74,7 @@ class ProcessRunner:
     @property
     def runtime(self) -> Runtime:
         if self._runtime is None:
-            self._runtime = Runtime(self.config, together=self._together)
+            self._runtime = Runtime(self.config)
         return self._runtime
 
     def for_fork(self) -> ProcessRunner:
@@ -144,9 +140,6 @@ class ProcessRunner:
         url = make_url(self.config.database_url)
         options = pool_options(dict(self.config.engine_options), url, count)
         self.config = replace(self.config, engine_options=options)
-        self._together = True
-        if self._runtime is not None and self._runtime.partings is None:
-            self._runtime.partings = ThreadPartings()  # one prepared before a fork
 
     @property
     def async_runtime(self) -> AsyncRuntime:

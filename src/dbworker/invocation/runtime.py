@@ -26,7 +26,6 @@ from .connections import HeldConnections
 from .failures import HandlerFailure
 from .loading import SourceLoader
 from .session import HandlerSession
-from .together import Parting, ThreadPartings
 from .turns import ENDING_AT_ONCE, ENDING_TURN_WAIT, EndingTurns
 
 #: Outcomes after which a handler process keeps its connection for the next invocation.
@@ -56,7 +55,7 @@ def worker_table(worker: str, source: type[Any], keyed: bool = False) -> WorkerT
 class Runtime:
     """Per-process state: one engine and dialect, reused across invocations."""
 
-    def __init__(self, config: ChildConfig, together: bool = False) -> None:
+    def __init__(self, config: ChildConfig) -> None:
         self.config = config
         self._engine: Engine | None = None
         self._dialect: Dialect | None = None
@@ -70,9 +69,6 @@ class Runtime:
         self.alone: set[str] = set()
         #: Where the process runs many invocations at once (threads), they end in turns.
         self.ending = EndingTurns(ENDING_AT_ONCE, ENDING_TURN_WAIT)
-        #: Where the process runs many invocations at once (threads), those whose
-        #: handler holds no transaction when it returns end together (``together.py``).
-        self.partings = ThreadPartings() if together else None
 
     @property
     def engine(self) -> Engine:
@@ -218,20 +214,17 @@ class Runtime:
         result = self._run(task)
         return replace(result, duration=time.monotonic() - started)
 
-    def _run(self, task: Task, together: bool = True) -> Result:
+    def _run(self, task: Task) -> Result:
         worker = self.prepare(task.worker, task.source, task.keyed)
         try:
             held = self.held.take()
         except Exception as exc:
             return self.record_failure(task, worker, exc)
         try:
-            result = self._invoke(task, worker, held.write, held.read, together)
+            result = self._invoke(task, worker, held.write, held.read)
         except BaseException:
             self.held.drop()
             raise
-        if result is None:  # its ending together failed as a whole: it runs again, alone
-            self.held.drop()
-            return self._run(task, together=False)
         if result.kind in KEPT_AFTER:
             self.held.done()
         else:  # whatever went wrong may have left the connection unusable
@@ -239,13 +232,8 @@ class Runtime:
         return result
 
     def _invoke(
-        self,
-        task: Task,
-        worker: WorkerTable,
-        bind: Connection,
-        read: Connection | None,
-        together: bool = False,
-    ) -> Result | None:
+        self, task: Task, worker: WorkerTable, bind: Connection, read: Connection | None
+    ) -> Result:
         # Nothing reads the instances after the commit: expiring them is wasted work.
         with HandlerSession(bind=bind, expire_on_commit=False) as session:
             try:
@@ -277,12 +265,6 @@ class Runtime:
                 else:
                     decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                     kind = ResultKind.UNFINISHED
-                if together and self.partings is not None and not bind.in_transaction():
-                    # It sent no statement since its row was read apart, or released
-                    # its transaction: its ending joins others' (None: run it again).
-                    session._dbworker_guarded = False
-                    parting = Parting(task, worker, session, outcome)
-                    return self.partings.end(self.dialect, parting, bind)
                 with self.ending.turn():
                     if not bind.in_transaction() and not _has_changes(session):
                         # The handler sent no statement (its row was read apart) and
