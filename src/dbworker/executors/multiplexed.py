@@ -40,7 +40,15 @@ from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_p
 from .base import ConcurrentRunner, Executor
 from .children import Child, Children, ProcessHandle, start_process
 from .interpreter import start_handler
-from .multiplexed_child import AHEAD, CANCELLED, LOOP_LAG, STARTED, asyncio_main, threads_main
+from .multiplexed_child import (
+    AHEAD,
+    CANCELLED,
+    LOOP_LAG,
+    STARTED,
+    TOGETHER,
+    asyncio_main,
+    threads_main,
+)
 from .process import CANCEL, READY, describe_exit, send
 
 log = logging.getLogger("dbworker")
@@ -296,6 +304,9 @@ class MultiplexedPool(Executor):
                 self._started[key] = now
         elif isinstance(message, tuple) and message and message[0] == CANCELLED:
             self._ended(child, message[1], None, results)
+        elif isinstance(message, tuple) and message and message[0] == TOGETHER:
+            for each in message[1]:
+                self._read(child, each, results)
         elif isinstance(message, tuple) and message and message[0] == LOOP_LAG:
             self._lagged(message[1], message[2])
 

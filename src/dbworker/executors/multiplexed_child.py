@@ -49,6 +49,8 @@ CANCELLED = "cancelled"
 AHEAD = "ahead"
 #: (STARTED, [keys], result or None): tasks sent ahead that started (see the docstring).
 STARTED = "started"
+#: (TOGETHER, [messages]): what an event loop's process sent in one pass of its loop.
+TOGETHER = "together"
 #: (LOOP_LAG, seconds, tasks running): the event loop was blocked that long (a handler
 #: that does not await: blocking I/O, or CPU work), starving the others meanwhile.
 LOOP_LAG = "loop_lag"
@@ -189,6 +191,8 @@ class _LoopServer:
         self.returned: set[TaskKey] = set()
         #: Tasks sent ahead, waiting for a slot (with whether they came as AHEAD).
         self.waiting: collections.deque[tuple[TaskMessage, bool]] = collections.deque()
+        #: Messages to send at the end of this pass of the loop (``_send``).
+        self.outbox: list[Any] = []
         self.arrived = select.poll()
         self.arrived.register(conn.fileno(), select.POLLIN)
 
@@ -210,6 +214,8 @@ class _LoopServer:
                 task.cancel()
             await asyncio.gather(watch, *self.running.values(), return_exceptions=True)
             await self.runner.dispose_async()
+            if self.outbox:
+                self._flush()
 
     def _read(self, loop: asyncio.AbstractEventLoop, stopping: asyncio.Future[None]) -> None:
         try:
@@ -281,6 +287,16 @@ class _LoopServer:
         self._send(ended)
 
     def _send(self, message: Any) -> None:
+        """Send ``message`` at the end of this pass of the loop, with whatever else the
+        pass sends: a wave of handlers returning together sends their starts and
+        results in one write, which the scheduler reads at once."""
+        if not self.outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.outbox.append(message)
+
+    def _flush(self) -> None:
+        outbox, self.outbox = self.outbox, []
+        message = outbox[0] if len(outbox) == 1 else (TOGETHER, outbox)
         with contextlib.suppress(OSError):
             send(self.conn, message)
 
