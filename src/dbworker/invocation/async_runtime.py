@@ -129,8 +129,10 @@ class AsyncRuntime:
         """Import the driver and connect once, before the process says it is ready (a
         failure is left for the first invocation, which reports it)."""
         with contextlib.suppress(Exception):
-            async with self.engine.connect():
-                pass
+            async with self.engine.connect() as conn:
+                # Whether endings may go together (``Dialect.group_commit``: not on a
+                # Galera node), as the coordinator learns it for groups.
+                await conn.run_sync(self.dialect.learn_server)
 
     async def dispose(self) -> None:
         if self._partings is not None:
@@ -304,7 +306,7 @@ class AsyncRuntime:
             else:
                 decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                 kind = ResultKind.UNFINISHED
-            if together and not conn.in_transaction():
+            if together and self.dialect.group_commit and not conn.in_transaction():
                 guarded._dbworker_guarded = False
                 parting = Parting(task, worker, guarded, outcome)
                 # Nothing of it is on its connection (its batch binds the session to

@@ -10,7 +10,9 @@ Which endings: one whose handler holds no transaction when it returns. Its row w
 read apart (``AsyncRuntime`` reads it so) and it sent no statement since, or it
 released its transaction (``session.rollback()``): all it has left is what its
 session would flush. It is handed over as a ``Parting``, and its slot takes the next
-task at once (``multiplexed_child``). A handler that holds a transaction ends alone,
+task at once (``multiplexed_child``). Only where the dialect groups commits
+(``Dialect.group_commit``: not SQLite, whose one writer gains nothing, nor a Galera
+node, where a COMMIT that loses certification would run every handler again). A handler that holds a transaction ends alone,
 as before: its locks and its snapshot are its own, and would be held for the others'
 endings too.
 
