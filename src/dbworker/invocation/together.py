@@ -12,9 +12,9 @@ released its transaction (``session.rollback()``): all it has left is what its
 session would flush. It is handed over as a ``Parting``, and its slot takes the next
 task at once (``multiplexed_child``). Only where the dialect groups commits
 (``Dialect.group_commit``: not SQLite, whose one writer gains nothing, nor a Galera
-node, where a COMMIT that loses certification would run every handler again). A handler that holds a transaction ends alone,
-as before: its locks and its snapshot are its own, and would be held for the others'
-endings too.
+node, where a COMMIT that loses certification would run every handler again). A
+handler that holds a transaction ends alone, as before: its locks and its snapshot
+are its own, and would be held for the others' endings too.
 
 How: as a group commit ends its items (``group.py``). One transaction on one
 connection; each parting's session joins it in a savepoint of its own, where its
