@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from dbworker import ExecutionStatus, Finished, Outcome, Unfinished
 from dbworker.core.tasks import Result, ResultKind
 from dbworker.invocation import together
 from dbworker.invocation.async_runtime import AsyncRuntime
 from dbworker.invocation.loading import SourceLoader
-from dbworker.invocation.runtime import ChildConfig
+from dbworker.invocation.runtime import ChildConfig, Runtime
 
 from .test_group import WORKER, GroupEffect, GroupItem, Rig, rig  # noqa: F401  (the fixture)
 
@@ -183,3 +187,75 @@ def test_a_handler_that_holds_a_transaction_ends_alone(
     assert sorted(i for batch in batches for i in batch) == [1, 3]
     assert setup.effects() == dict.fromkeys(range(1, 5), 1)
     assert setup.finished_count() == 4
+
+
+def handle_sync(source: GroupItem, session: Session) -> Outcome:
+    item_id, mode = source.id, source.mode
+    session.rollback()  # it releases its transaction, as an I/O-bound handler should
+    CALLS.append(item_id)
+    if mode == "flush":
+        session.add(GroupEffect(item_id=item_id))
+        session.flush()  # it holds a transaction from here on
+        return Finished()
+    session.add(GroupEffect(item_id=None if mode == "bad" else item_id))
+    return Finished()
+
+
+def test_threads_hand_their_endings_over_and_they_commit_together(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = rig(["ok", "ok", "bad", "ok", "flush", "ok"])
+    _skip_alone(setup)
+    runtime = Runtime(ChildConfig(str(setup.engine.url), {}, type(setup.runtime.dialect)))
+    # One batch at a time: the first ending's, alone, then all the others'.
+    endings = runtime.endings = together.ThreadEndings(
+        lambda: runtime.dialect, lambda: runtime.engine.connect(), runtime.run, at_once=1
+    )
+    batches: list[list[int]] = []
+    end_together = together.end_together
+    handed = len(setup.tasks) - 1  # the one that flushed ends alone
+
+    def recorded(dialect: Any, conn: Any, batch: Sequence[together.Parting]) -> Any:
+        # The first batch waits until every other ending was handed over.
+        deadline = time.monotonic() + 30
+        while not batches and len(endings._waiting) < handed - len(batch):
+            assert time.monotonic() < deadline, "the other endings were never handed over"
+            time.sleep(0.01)
+        batches.append([p.task.source_id for p in batch])
+        return end_together(dialect, conn, batch)
+
+    monkeypatch.setattr(together, "end_together", recorded)
+    tasks = [dataclasses.replace(task, handler=handle_sync) for task in setup.tasks]
+    later: list[Result] = []
+    arrived = threading.Semaphore(0)
+
+    def deliver(result: Result) -> None:
+        later.append(result)
+        arrived.release()
+
+    CALLS.clear()
+    try:
+        with ThreadPoolExecutor(len(tasks)) as pool:
+            now = list(pool.map(lambda task: runtime.run_later(task, deliver), tasks))
+        for _ in range(handed):
+            assert arrived.acquire(timeout=30), "a handed-over ending never reported"
+    finally:
+        runtime.dispose()
+    # Only the one holding a transaction ended on its own thread.
+    assert [r.kind for r in now if r is not None] == [FINISHED]
+    assert [i for i, r in enumerate(now, start=1) if r is not None] == [5]
+    kinds = {r.task_key: r.kind for r in later}
+    assert [kinds[t.key] for t in setup.tasks if t.source_id != 5] == [
+        FINISHED,
+        FINISHED,
+        FAILED,
+        FINISHED,
+        FINISHED,
+    ]
+    assert all(r.duration is not None for r in later)
+    assert sorted(len(b) for b in batches)[-1] > 1, batches
+    assert setup.effects() == {1: 1, 2: 1, 4: 1, 5: 1, 6: 1}
+    assert setup.status(3) is ExecutionStatus.FAILED
+    assert setup.finished_count() == 5
+    assert sorted(CALLS) == list(range(1, 7)), "no handler ran twice"

@@ -47,6 +47,12 @@ class ConcurrentRunner(Runner, Protocol):
     async def start_async(self, capacity: int, driver: str | None) -> None:
         """Before the event loop's first invocation (``driver``: the asyncio driver)."""
 
+    def run_later(self, task: Task, later: Callable[[Result], None]) -> Result | None:
+        """``run`` from one of several threads: an invocation whose ending is handed
+        over to go with others' returns None at once, and ``later`` (thread-safe) gets
+        its result once committed."""
+        ...
+
     async def run_async(self, task: Task, returned: Callable[[], None] | None = None) -> Result:
         """``run`` for an ``async def`` handler, on the running event loop.
         ``returned`` is called once the handler has returned, before its ending

@@ -34,7 +34,6 @@ from .base import ConcurrentRunner
 from .process import (
     CANCEL,
     READY,
-    answer,
     default_signals,
     message_key,
     receive,
@@ -116,7 +115,9 @@ def _serve_threads(conn: Connection, runner: ConcurrentRunner, capacity: int) ->
                 ended = None
                 continue
             try:
-                ended = answer(runner, message)
+                task = task_from_message(message)
+                # None: its ending goes with others', and ``reply`` sends its result.
+                ended = task if isinstance(task, Result) else runner.run_later(task, reply)
             except BaseException as exc:
                 ended = _crashed(message_key(message), exc)
 

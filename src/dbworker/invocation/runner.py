@@ -108,6 +108,11 @@ class ProcessRunner:
         if os.getpid() != self._origin:  # not drain(), in the coordinator's own process
             refuse_inherited_connections()
 
+    def run_later(self, task: Task, later: Callable[[Result], None]) -> Result | None:
+        """``run``, except that an ending handed over to go with others' returns None
+        at once and ``later`` gets its result once committed (threads)."""
+        return self.runtime.run_later(task, later)
+
     def run(self, task: Task) -> Result:
         if inspect.iscoroutinefunction(task.handler):
             # An async def handler called synchronously (``drain()``): on a loop kept
@@ -140,6 +145,7 @@ class ProcessRunner:
         url = make_url(self.config.database_url)
         options = pool_options(dict(self.config.engine_options), url, count)
         self.config = replace(self.config, engine_options=options)
+        self.runtime.end_together()
 
     @property
     def async_runtime(self) -> AsyncRuntime:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,6 +27,7 @@ from .connections import HeldConnections
 from .failures import HandlerFailure
 from .loading import SourceLoader
 from .session import HandlerSession
+from .together import Parting, ThreadEndings
 from .turns import ENDING_AT_ONCE, ENDING_TURN_WAIT, EndingTurns
 
 #: Outcomes after which a handler process keeps its connection for the next invocation.
@@ -69,6 +71,16 @@ class Runtime:
         self.alone: set[str] = set()
         #: Where the process runs many invocations at once (threads), they end in turns.
         self.ending = EndingTurns(ENDING_AT_ONCE, ENDING_TURN_WAIT)
+        #: Where the process runs many invocations at once (threads), endings of those
+        #: whose handler holds no transaction go together (``together.py``).
+        self.endings: ThreadEndings | None = None
+
+    def end_together(self) -> None:
+        """Run invocations handed ``later`` with endings together (before any runs)."""
+        if self.endings is None:
+            self.endings = ThreadEndings(
+                lambda: self.dialect, lambda: self.engine.connect(), self.run
+            )
 
     @property
     def engine(self) -> Engine:
@@ -134,6 +146,11 @@ class Runtime:
         with contextlib.suppress(Exception):
             detached_table("warm_up", Integer())
         self.connect()
+        if self.endings is not None:
+            # Whether endings may go together (``Dialect.group_commit``: not on a
+            # Galera node), as the coordinator learns it for groups.
+            with contextlib.suppress(Exception), self.engine.connect() as conn:
+                self.dialect.learn_server(conn)
 
     def connect(self) -> None:
         """Open a connection and leave it in the engine's pool for the first task."""
@@ -205,37 +222,58 @@ class Runtime:
         return loader
 
     def dispose(self) -> None:
+        if self.endings is not None:
+            self.endings.close()
         self.release()
         if self._engine is not None:
             self._engine.dispose()
 
     def run(self, task: Task) -> Result:
-        started = time.monotonic()
-        result = self._run(task)
-        return replace(result, duration=time.monotonic() - started)
+        result = self.run_later(task, None)
+        assert result is not None  # nothing is handed over without ``later``
+        return result
 
-    def _run(self, task: Task) -> Result:
+    def run_later(self, task: Task, later: Callable[[Result], None] | None) -> Result | None:
+        """``run``; or None if its ending was handed over to go with others'
+        (``end_together``): ``later`` then gets its result once committed."""
+        started = time.monotonic()
+
+        def deliver(result: Result) -> None:
+            assert later is not None
+            later(replace(result, duration=time.monotonic() - started))
+
+        result = self._run(task, None if later is None or self.endings is None else deliver)
+        return None if result is None else replace(result, duration=time.monotonic() - started)
+
+    def _run(self, task: Task, parted: Callable[[Result], None] | None = None) -> Result | None:
         worker = self.prepare(task.worker, task.source, task.keyed)
         try:
             held = self.held.take()
         except Exception as exc:
             return self.record_failure(task, worker, exc)
         try:
-            result = self._invoke(task, worker, held.write, held.read)
+            result = self._invoke(task, worker, held.write, held.read, parted)
         except BaseException:
             self.held.drop()
             raise
-        if result.kind in KEPT_AFTER:
+        if result is None or result.kind in KEPT_AFTER:
             self.held.done()
         else:  # whatever went wrong may have left the connection unusable
             self.held.drop()
         return result
 
     def _invoke(
-        self, task: Task, worker: WorkerTable, bind: Connection, read: Connection | None
-    ) -> Result:
+        self,
+        task: Task,
+        worker: WorkerTable,
+        bind: Connection,
+        read: Connection | None,
+        parted: Callable[[Result], None] | None = None,
+    ) -> Result | None:
         # Nothing reads the instances after the commit: expiring them is wasted work.
-        with HandlerSession(bind=bind, expire_on_commit=False) as session:
+        session = HandlerSession(bind=bind, expire_on_commit=False)
+        handed = False
+        try:
             try:
                 if read is not None:
                     # Read the row apart (on a connection kept for reading), so that
@@ -265,6 +303,18 @@ class Runtime:
                 else:
                     decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                     kind = ResultKind.UNFINISHED
+                if (
+                    parted is not None
+                    and self.endings is not None
+                    and self.dialect.group_commit
+                    and not bind.in_transaction()
+                ):
+                    # It holds no transaction: its ending goes with others', and its
+                    # thread takes its next task meanwhile.
+                    session._dbworker_guarded = False
+                    self.endings.submit(Parting(task, worker, session, outcome), parted)
+                    handed = True
+                    return None
                 with self.ending.turn():
                     if not bind.in_transaction() and not _has_changes(session):
                         # The handler sent no statement (its row was read apart) and
@@ -293,6 +343,9 @@ class Runtime:
                 with contextlib.suppress(Exception):
                     session.rollback()
                 return self.record_failure(task, worker, exc)
+        finally:
+            if not handed:  # a parting's session is closed after its batch
+                session.close()
 
     def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:
         failure = HandlerFailure.of(task, exc, transient=self.dialect.is_transient(exc))
