@@ -201,12 +201,12 @@ def handle_sync(source: GroupItem, session: Session) -> Outcome:
     return Finished()
 
 
-def test_threads_hand_their_endings_over_and_they_commit_together(
-    rig: Any,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    setup = rig(["ok", "ok", "bad", "ok", "flush", "ok"])
-    _skip_alone(setup)
+def run_on_threads(
+    setup: Rig, monkeypatch: pytest.MonkeyPatch, alone: int = 0
+) -> tuple[list[Result | None], dict[Any, Result], list[list[int]]]:
+    """Run every task of ``setup`` at once on threads, as the threads executor's process
+    does (``alone``: how many end on their own thread); what each thread returned, the
+    results handed over later by key, and the batches of endings (source ids)."""
     runtime = Runtime(ChildConfig(str(setup.engine.url), {}, type(setup.runtime.dialect)))
     # One batch at a time: the first ending's, alone, then all the others'.
     endings = runtime.endings = together.ThreadEndings(
@@ -214,7 +214,7 @@ def test_threads_hand_their_endings_over_and_they_commit_together(
     )
     batches: list[list[int]] = []
     end_together = together.end_together
-    handed = len(setup.tasks) - 1  # the one that flushed ends alone
+    handed = len(setup.tasks) - alone
 
     def recorded(dialect: Any, conn: Any, batch: Sequence[together.Parting]) -> Any:
         # The first batch waits until every other ending was handed over.
@@ -242,20 +242,48 @@ def test_threads_hand_their_endings_over_and_they_commit_together(
             assert arrived.acquire(timeout=30), "a handed-over ending never reported"
     finally:
         runtime.dispose()
+    assert all(r.duration is not None for r in later)
+    return now, {r.task_key: r for r in later}, batches
+
+
+def test_threads_hand_their_endings_over_and_they_commit_together(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = rig(["ok", "ok", "bad", "ok", "flush", "ok"])
+    _skip_alone(setup)
+    now, later, batches = run_on_threads(setup, monkeypatch, alone=1)
     # Only the one holding a transaction ended on its own thread.
-    assert [r.kind for r in now if r is not None] == [FINISHED]
     assert [i for i, r in enumerate(now, start=1) if r is not None] == [5]
-    kinds = {r.task_key: r.kind for r in later}
-    assert [kinds[t.key] for t in setup.tasks if t.source_id != 5] == [
+    assert [later[t.key].kind for t in setup.tasks if t.source_id != 5] == [
         FINISHED,
         FINISHED,
         FAILED,
         FINISHED,
         FINISHED,
     ]
-    assert all(r.duration is not None for r in later)
-    assert sorted(len(b) for b in batches)[-1] > 1, batches
+    assert sorted(i for b in batches for i in b) == [1, 2, 3, 4, 6], batches
+    assert max(len(b) for b in batches) > 1, batches
     assert setup.effects() == {1: 1, 2: 1, 4: 1, 5: 1, 6: 1}
     assert setup.status(3) is ExecutionStatus.FAILED
     assert setup.finished_count() == 5
     assert sorted(CALLS) == list(range(1, 7)), "no handler ran twice"
+
+
+def test_a_lost_claim_in_a_threads_batch_runs_its_items_again_alone(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = rig(["ok"] * 4)
+    _skip_alone(setup)
+    table = setup.coordinator._registration(WORKER).table.table
+    with setup.engine.begin() as conn:
+        conn.execute(update(table).where(table.c.source_id == 3).values(token=table.c.token + 1))
+    now, later, batches = run_on_threads(setup, monkeypatch)
+    assert now == [None] * 4
+    assert [later[t.key].kind for t in setup.tasks] == [FINISHED, FINISHED, LOST, FINISHED]
+    assert setup.effects() == {1: 1, 2: 1, 4: 1}
+    assert setup.status(3) is ExecutionStatus.WORKING
+    # Every item of the failed batch ran again, alone, and reported from there.
+    (lost_with,) = [b for b in batches if 3 in b]
+    assert sorted(CALLS) == sorted([*range(1, 5), *lost_with])

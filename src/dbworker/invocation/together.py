@@ -1,5 +1,5 @@
-"""Endings together: invocations of the asyncio executor's process that end about the
-same time commit in one transaction, a savepoint each.
+"""Endings together: invocations of one process (the asyncio and threads executors)
+that end about the same time commit in one transaction, a savepoint each.
 
 I/O-bound handlers started together end together: a wave of them. Each ending alone
 is a transaction of its own (its flush, the fenced status change, a COMMIT with its
@@ -7,8 +7,9 @@ flush to disk), and a wave's endings queue for the event loop and the server one
 the other.
 
 Which endings: one whose handler holds no transaction when it returns. Its row was
-read apart (``AsyncRuntime`` reads it so) and it sent no statement since, or it
-released its transaction (``session.rollback()``): all it has left is what its
+read apart (``AsyncRuntime`` reads it so; threads where the dialect does,
+``Dialect.source_read_apart``) and it sent no statement since, or it released its
+transaction (``session.rollback()``): all it has left is what its
 session would flush. It is handed over as a ``Parting``, and its slot takes the next
 task at once (``multiplexed_child``). Only where the dialect groups commits
 (``Dialect.group_commit``: not SQLite, whose one writer gains nothing, nor a Galera
@@ -27,10 +28,11 @@ COMMIT), nothing of it is known to have committed, and each parting's invocation
 again alone from the start (its handler called again, as a group's items are), where
 one whose work did commit after all finds its claim spent and commits nothing twice.
 
-Who runs them: while fewer than ``ENDING_AT_ONCE`` batches are under way, a parting
-starts one, which takes every parting waiting (at most ``GROUP_MAX_ITEMS``); the
-others wait for their result. A lone ending is thus not delayed, and the rest of a
-wave queue meanwhile and go in the next batch.
+Who runs them, on the event loop (``AsyncPartings``): while fewer than
+``ENDING_AT_ONCE`` batches are under way, a parting starts one, which takes every
+parting waiting (at most ``GROUP_MAX_ITEMS``); the others wait for their result. A
+lone ending is thus not delayed, and the rest of a wave queue meanwhile and go in the
+next batch.
 
 On threads (``ThreadEndings``) the handler's thread hands its parting over and takes
 its next task; threads of their own commit the batches and send each result. (A
