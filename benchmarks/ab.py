@@ -5,11 +5,13 @@ For a change that must not cost speed (a refactor): this machine's speed drifts 
 more than the few percent such a change may cost, so the two trees alternate within
 each round (the order swapped every round) instead of being measured an hour apart.
 Each tree runs the benchmark with its own interpreter (its ``.venv``) and its own code;
-the figures compared are dbworker's items per second (``throughput``) and pickup p50
-and p95 with wake-ups (``latency``).
+the figures compared are dbworker's items per second (``throughput``), pickup p50
+and p95 with wake-ups (``latency``), and drain seconds, alone and over Celery's in the
+same run (``io``).
 
     python -m benchmarks.ab --base ../base-checkout --rounds 3 throughput
     python -m benchmarks.ab --base ../base-checkout --rounds 3 latency
+    python -m benchmarks.ab --base ../base-checkout --rounds 3 io --modes asyncio
     python -m benchmarks.ab --base ../base-checkout throughput --dialects sqlite
 
 Results go to ``benchmarks/results/ab_<benchmark>.json`` (``--output``): every run's
@@ -57,6 +59,8 @@ ARGUMENTS = {
         "--idle-seconds",
         "0",
     ],
+    # Celery runs too: the machine's speed drifts between rounds, its ratio less.
+    "io": ["--repeat", "1", "--no-celery-writes"],
 }
 
 
@@ -68,6 +72,11 @@ def figures(benchmark: str, report: dict[str, Any]) -> dict[str, float]:
             if name.startswith("dbworker/"):
                 for size, result in sizes.items():
                     found[f"{name}/{size} items/s"] = float(result["items_per_second"])
+    elif benchmark == "io":
+        for name, medians in report["medians"].items():
+            if name.startswith("dbworker_"):
+                found[f"{name} seconds"] = float(medians["seconds"])
+                found[f"{name} x Celery threads"] = float(medians["seconds_vs_celery"])
     else:
         for name, run in report["runs"].items():
             if name.startswith("dbworker/") and "pickup" in run:
@@ -131,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     output = args.output or RESULTS_DIR / f"ab_{benchmark}.json"
     write_report(output, report)
     for key, row in comparison.items():
-        log(f"{key}: this {row['this']:.1f}, base {row['base']:.1f} ({row['this_over_base']}x)")
+        log(f"{key}: this {row['this']:.3f}, base {row['base']:.3f} ({row['this_over_base']}x)")
 
 
 if __name__ == "__main__":

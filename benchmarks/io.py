@@ -9,11 +9,12 @@ items / concurrency x 0.3 s (1.8 s).
   event loop): a coordinator in a process of its own
   (``benchmarks.io_work``) with one worker, ``executor=MODE``, whose handler waits and
   writes one row. After a warm-up batch, the clock starts before the rows are inserted
-  (one transaction; on PostgreSQL the coordinator is woken by its commit through
-  dbworker's opt-in NOTIFY trigger, as for rows another service inserts; elsewhere, or
-  with ``--no-wake``, it finds them by polling every 20 ms) and stops when every call's
-  row is committed (polled every ``--poll-ms``). Afterwards each call must have exactly
-  one row.
+  (one transaction, an ORM bulk INSERT, as Celery's side sends its tasks with
+  ``group()``; on PostgreSQL the coordinator is woken by its commit through dbworker's
+  opt-in NOTIFY trigger, as for rows another service inserts; elsewhere, or with
+  ``--no-wake``, it finds them by polling every 20 ms) and stops when every call's row
+  is committed (polled every ``--poll-ms``). Afterwards each call must have exactly one
+  row.
 * Celery ``threads``: ``celery worker --pool threads -c CONCURRENCY``, Redis as broker,
   ``task_ignore_result``, ``task_acks_late``, ``worker_prefetch_multiplier=4``
   (``benchmarks.celery_app``'s ``fast`` configuration), a task that sleeps. The clock
