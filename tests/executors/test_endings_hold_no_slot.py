@@ -18,21 +18,9 @@ from dbworker.executors.children import Child
 from dbworker.executors.multiplexed import MultiplexedPool
 from dbworker.executors.multiplexed_child import STARTED, TOGETHER, _LoopServer
 
+from .test_batched_reads import _Process, _task
+
 ROOM = 4
-
-
-class _Process:
-    """Stands in for a running process."""
-
-    sentinel = 12345
-    exitcode = None
-
-    def is_alive(self) -> bool:
-        return True
-
-
-def _task(n: int) -> Task:
-    return Task("w", n, 1, 1, 0, print, object)
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -162,10 +161,7 @@ def test_a_lost_claim_in_a_batch_commits_nothing_of_it_and_its_items_run_again_a
 ) -> None:
     setup = rig(["ok"] * 5)
     _skip_alone(setup)
-    # Item 3 taken over (a newer token) before its handler records its ending.
-    table = setup.coordinator._registration(WORKER).table.table
-    with setup.engine.begin() as conn:
-        conn.execute(update(table).where(table.c.source_id == 3).values(token=table.c.token + 1))
+    setup.take_over(3)
     results, batches, _ = run_together(setup, monkeypatch)
     assert [r.kind for r in results] == [FINISHED, FINISHED, LOST, FINISHED, FINISHED]
     assert setup.effects() == {1: 1, 2: 1, 4: 1, 5: 1}
@@ -276,9 +272,7 @@ def test_a_lost_claim_in_a_threads_batch_runs_its_items_again_alone(
 ) -> None:
     setup = rig(["ok"] * 4)
     _skip_alone(setup)
-    table = setup.coordinator._registration(WORKER).table.table
-    with setup.engine.begin() as conn:
-        conn.execute(update(table).where(table.c.source_id == 3).values(token=table.c.token + 1))
+    setup.take_over(3)
     now, later, batches = run_on_threads(setup, monkeypatch)
     assert now == [None] * 4
     assert [later[t.key].kind for t in setup.tasks] == [FINISHED, FINISHED, LOST, FINISHED]

@@ -89,6 +89,14 @@ class Rig:
     def finished_count(self) -> int:
         return sum(self.status(t.source_id) is ExecutionStatus.FINISHED for t in self.tasks)
 
+    def take_over(self, item_id: int) -> None:
+        """Another claim of ``item_id`` (a newer token) before its handler ends."""
+        table = self.coordinator._registration(WORKER).table.table
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(table).where(table.c.source_id == item_id).values(token=table.c.token + 1)
+            )
+
 
 @pytest.fixture
 def rig(
@@ -206,10 +214,7 @@ def test_a_lost_claim_in_a_group_commits_nothing_of_that_item(
     rig: Any, second: str, calls: list[int]
 ) -> None:
     setup = rig(["ok", second, "ok"])
-    # Item 2 taken over (a newer token) before its handler records its ending.
-    table = setup.coordinator._registration(WORKER).table.table
-    with setup.engine.begin() as conn:
-        conn.execute(update(table).where(table.c.source_id == 2).values(token=table.c.token + 1))
+    setup.take_over(2)
     results = run_all(setup)
     assert [r.kind for r in results] == [ResultKind.FINISHED, ResultKind.LOST, ResultKind.FINISHED]
     assert setup.effects() == {1: 1, 3: 1}

@@ -205,8 +205,10 @@ class MultiplexedPool(Executor):
                     continue
                 room = self._room_of(child)
                 limit = room + self._ahead(room) if ahead else room
-                while self._waiting and self._busy(child) < limit:
+                busy = self._busy(child)
+                while self._waiting and busy < limit:
                     self._send(child, self._waiting.popleft(), room)
+                    busy += 1  # a task sent holds a slot or waits for one
 
     def _busy(self, child: Child) -> int:
         """``child``'s tasks that hold a slot or wait for one. An event loop's process

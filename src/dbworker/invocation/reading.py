@@ -14,8 +14,6 @@ rest of a burst queue meanwhile and go in the next.
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
+from .batches import AsyncBatches
 from .loading import SourceLoader
 
 #: Reads under way at once.
@@ -40,7 +39,7 @@ class _Wanted:
     source_id: Any
     found: Any = None
     error: BaseException | None = None
-    done: bool = False
+    ended: bool = False
 
 
 class AsyncReads:
@@ -53,51 +52,28 @@ class AsyncReads:
     ) -> None:
         self._reader = reader
         self._keep = keep
-        self._waiting: collections.deque[_Wanted] = collections.deque()
-        self._active = 0
-        self._ended: asyncio.Event | None = None
-        self._runs: set[asyncio.Task[None]] = set()
+        self._batches: AsyncBatches[_Wanted] = AsyncBatches(
+            self._read_batch, READS_AT_ONCE, READ_MAX_ROWS
+        )
 
     async def load(self, loader: SourceLoader, session: Session, source_id: Any) -> Any:
         """The row ``source_id`` as ``session`` holds it (None if it is gone)."""
         wanted = _Wanted(loader, session, source_id)
-        self._waiting.append(wanted)
-        if self._active < READS_AT_ONCE:
-            self._active += 1
-            run = asyncio.get_running_loop().create_task(self._run())
-            self._runs.add(run)
-            run.add_done_callback(self._runs.discard)
-        try:
-            while not wanted.done:
-                if self._ended is None:
-                    self._ended = asyncio.Event()
-                await self._ended.wait()
-        except asyncio.CancelledError:
-            if wanted in self._waiting:
-                self._waiting.remove(wanted)
-            raise
+        self._batches.add(wanted)
+        await self._batches.wait(wanted, settle_first=False)
         if wanted.error is not None:
             raise wanted.error
         return wanted.found
 
-    async def _run(self) -> None:
+    async def _read_batch(self, batch: list[_Wanted]) -> None:
         try:
-            while self._waiting:
-                count = min(len(self._waiting), READ_MAX_ROWS)
-                batch = [self._waiting.popleft() for _ in range(count)]
-                try:
-                    await self._read(batch)
-                except Exception as exc:
-                    for wanted in batch:
-                        wanted.error = exc
-                finally:
-                    for wanted in batch:
-                        wanted.done = True
-                    ended, self._ended = self._ended, None
-                    if ended is not None:
-                        ended.set()
+            await self._read(batch)
+        except Exception as exc:
+            for wanted in batch:
+                wanted.error = exc
         finally:
-            self._active -= 1
+            for wanted in batch:
+                wanted.ended = True
 
     async def _read(self, batch: list[_Wanted]) -> None:
         for attempt in range(2):
@@ -117,8 +93,7 @@ class AsyncReads:
 
     async def close(self) -> None:
         """Wait for reads under way (before the engine is disposed of)."""
-        if self._runs:
-            await asyncio.gather(*self._runs, return_exceptions=True)
+        await self._batches.close()
 
 
 def _read_all(read: Connection, batch: Sequence[_Wanted]) -> None:

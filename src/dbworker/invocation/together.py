@@ -43,7 +43,6 @@ against 2.00-2.08.)
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import threading
@@ -56,6 +55,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..core.outcomes import Finished, Unfinished
 from ..core.tasks import Result, Task
 from ..dialects import Dialect, WorkerTable
+from .batches import AsyncBatches
 from .group import (
     GROUP_MAX_ITEMS,
     ClaimLost,
@@ -215,70 +215,33 @@ class AsyncPartings:
         self._dialect = dialect
         self._connect = connect
         self._give_back = give_back
-        self._at_once = at_once
-        self._waiting: collections.deque[Parting] = collections.deque()
-        self._ended: asyncio.Event | None = None
-        #: Batches under way, counted in the same step as a batch's last look at
-        #: ``_waiting`` (a task's done callback would come a pass of the loop later).
-        self._active = 0
-        self._runs: set[asyncio.Task[None]] = set()
+        self._batches: AsyncBatches[Parting] = AsyncBatches(
+            self._end_batch, at_once, GROUP_MAX_ITEMS
+        )
 
     async def end(self, parting: Parting) -> Result | None:
         """``parting``'s result once committed with others, or None: it must run again
         alone. Cancelled while its batch runs, it waits for that batch first."""
-        self._waiting.append(parting)
-        if self._active < self._at_once:
-            self._active += 1
-            run = asyncio.get_running_loop().create_task(self._run())
-            self._runs.add(run)
-            run.add_done_callback(self._runs.discard)
-        try:
-            await self._until(parting)
-        except asyncio.CancelledError:
-            if parting in self._waiting:
-                self._waiting.remove(parting)
-                raise
-            # In a batch already: what it did to this parting is settled first.
-            while not parting.ended:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._until(parting)
-            raise
+        self._batches.add(parting)
+        await self._batches.wait(parting, settle_first=True)
         return parting.result
 
-    async def _until(self, parting: Parting) -> None:
-        while not parting.ended:
-            if self._ended is None:
-                self._ended = asyncio.Event()
-            await self._ended.wait()
-
-    async def _run(self) -> None:
+    async def _end_batch(self, batch: list[Parting]) -> None:
+        results: list[Result] | None = None
+        conn = None
         try:
-            await self._batches()
+            conn = await self._connect()
+            results = await conn.run_sync(end_together_on, self._dialect, batch)
+        except Exception:
+            results = None
         finally:
-            self._active -= 1
-
-    async def _batches(self) -> None:
-        while self._waiting:
-            batch = _take(self._waiting)
-            results: list[Result] | None = None
-            conn = None
-            try:
-                conn = await self._connect()
-                results = await conn.run_sync(end_together_on, self._dialect, batch)
-            except Exception:
-                results = None
-            finally:
-                if conn is not None:
-                    await self._give_back(conn, results is not None)
-                _settle(batch, results)
-                ended, self._ended = self._ended, None
-                if ended is not None:
-                    ended.set()
+            if conn is not None:
+                await self._give_back(conn, results is not None)
+            _settle(batch, results)
 
     async def close(self) -> None:
         """Wait for batches under way (before the engine is disposed of)."""
-        if self._runs:
-            await asyncio.gather(*self._runs, return_exceptions=True)
+        await self._batches.close()
 
 
 def end_together_on(
