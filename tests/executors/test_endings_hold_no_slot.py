@@ -16,7 +16,8 @@ from dbworker.core.tasks import Result, ResultKind, Task, task_message, task_pay
 from dbworker.executors import multiplexed
 from dbworker.executors.children import Child
 from dbworker.executors.multiplexed import MultiplexedPool
-from dbworker.executors.multiplexed_child import STARTED, TOGETHER, _LoopServer
+from dbworker.executors.multiplexed_child import AHEAD, CANCELLED, STARTED, TOGETHER, _LoopServer
+from dbworker.executors.process import CANCEL, send
 
 from .test_batched_reads import _Process, _task
 
@@ -45,23 +46,54 @@ def _receive(executor: MultiplexedPool, child: Child, message: Any) -> list[Resu
     return results
 
 
+CLAIMED_AHEAD = multiplexed.AHEAD_PER_SLOT * ROOM
+
+
 def test_tasks_started_while_endings_commit_leave_room_to_claim_ahead(pool: Any) -> None:
     executor, child = pool
     running = [_task(n) for n in range(ROOM)]
     executor.submit_all(running)
-    assert executor.free_slots() == ROOM, "every slot busy: a task ahead per slot"
-    ahead = [_task(n) for n in range(ROOM, 2 * ROOM)]
+    assert executor.free_slots() == CLAIMED_AHEAD, "every slot busy: tasks ahead for each"
+    ahead = [_task(n) for n in range(ROOM, ROOM + CLAIMED_AHEAD)]
     executor.submit_all(ahead)
     assert executor.free_slots() == 0
-    # Every handler returned: the tasks sent ahead started in their slots while the
+    # Every handler returned: tasks sent ahead started in their slots while the
     # endings commit (their results not back yet).
-    _receive(executor, child, (STARTED, [t.key for t in ahead], None))
-    assert len(child.tasks) == 2 * ROOM
+    _receive(executor, child, (STARTED, [t.key for t in ahead[:ROOM]], None))
+    assert len(child.tasks) == ROOM + CLAIMED_AHEAD
     assert executor.free_slots() == ROOM, "the next tasks are claimed ahead now"
     # The endings' results come back: nothing changes for the slots.
     for task in running:
         assert _receive(executor, child, Result(task.key, ResultKind.FINISHED, duration=0.3))
     assert executor.free_slots() == ROOM
+
+
+def test_a_wave_whose_starts_come_in_bursts_leaves_the_next_wave_claimed_ahead(
+    pool: Any,
+) -> None:
+    """A wave's starts reach the scheduler in bursts, and it tops the tasks ahead up
+    only once half their room is free: every slot must still find a task waiting at
+    the next wave (one ahead per slot left some to wait for a claim)."""
+    executor, child = pool
+    numbers = iter(range(1000))
+
+    def claim() -> None:
+        executor.submit_all([_task(next(numbers)) for _ in range(executor.free_slots())])
+
+    claim()  # the first wave, and the tasks ahead
+    for _wave in range(3):
+        waiting = [t for t in child.tasks if t.key in executor._queued]
+        assert len(waiting) >= ROOM, "a slot would wait for a claim at this wave"
+        # This wave's handlers return: the slots start tasks ahead, in two bursts.
+        starting = waiting[:ROOM]
+        for burst in (starting[: ROOM - 1], starting[ROOM - 1 :]):
+            _receive(executor, child, (STARTED, [t.key for t in burst], None))
+            claim()
+        # The last wave's endings commit.
+        ended = [t for t in child.tasks if t.key not in executor._queued][:ROOM]
+        for task in ended:
+            _receive(executor, child, Result(task.key, ResultKind.FINISHED, duration=0.3))
+            claim()
 
 
 class _Runner:
@@ -72,6 +104,8 @@ class _Runner:
         self.started: list[int] = []
         self.handler_done: dict[int, asyncio.Event] = {}
         self.ending_done: dict[int, asyncio.Event] = {}
+        self.prepared: list[int] = []
+        self.forgotten: list[Any] = []
 
     async def run_async(self, task: Task, returned: Any = None) -> Result:
         self.started.append(task.source_id)
@@ -79,6 +113,12 @@ class _Runner:
         returned()
         await self.ending_done.setdefault(task.source_id, asyncio.Event()).wait()
         return Result(task.key, ResultKind.FINISHED)
+
+    def prepare_async(self, task: Task) -> None:
+        self.prepared.append(task.source_id)
+
+    def forget_async(self, key: Any) -> None:
+        self.forgotten.append(key)
 
 
 async def _passes() -> None:
@@ -122,6 +162,43 @@ def test_a_slot_starts_its_next_task_when_the_handler_returns() -> None:
         runner.ending_done.setdefault(2, asyncio.Event()).set()
         await _passes()
         assert _received(parent) == [Result(second.key, ResultKind.FINISHED)]
+        parent.close()
+        child_end.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_task_that_waits_for_a_slot_is_prepared_and_forgotten_once_withdrawn() -> None:
+    """A task sent ahead that finds no slot free is handed to the runner to prepare
+    (its row read ahead); one withdrawn while it waits is forgotten there."""
+
+    async def scenario() -> None:
+        parent, child_end = multiprocessing.Pipe()
+        runner = _Runner()
+        server = _LoopServer(child_end, runner, lag_warning=60.0)  # type: ignore[arg-type]
+        server.capacity = 1
+        loop = asyncio.get_running_loop()
+        stopping: asyncio.Future[None] = loop.create_future()
+        first, second, third = _task(1), _task(2), _task(3)
+        payload = task_payload(first)
+        send(parent, task_message(first, payload))
+        send(parent, (AHEAD, task_message(second, payload)))
+        send(parent, (AHEAD, task_message(third, payload)))
+        server._read(loop, stopping)
+        await _passes()
+        assert runner.started == [1]
+        assert runner.prepared == [2, 3], "the first one started at once"
+        send(parent, (CANCEL, third.key))
+        server._read(loop, stopping)
+        await _passes()
+        assert runner.forgotten == [third.key]
+        assert (CANCELLED, third.key) in _received(parent)
+        for number in (1, 2):
+            runner.handler_done.setdefault(number, asyncio.Event()).set()
+            runner.ending_done.setdefault(number, asyncio.Event()).set()
+            await _passes()
+        assert runner.started == [1, 2]
+        assert runner.prepared == [2, 3], "nothing prepared twice"
         parent.close()
         child_end.close()
 

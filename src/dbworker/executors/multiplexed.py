@@ -57,7 +57,7 @@ log = logging.getLogger("dbworker")
 #: (with nothing else of value in flight) is killed.
 CANCEL_GRACE_SECONDS = 1.0
 #: Claiming ahead: tasks may wait for a free slot while, at the pace recent invocations
-#: ended, they would start within this long; at most one per slot. They wait in the
+#: ended, they would start within this long (at most AHEAD_PER_SLOT). They wait in the
 #: process whose share they were sent for, so a slot that frees starts its next
 #: handler at once, instead of after the result's trip to the scheduler and back, or a
 #: claim's transaction (in benchmarks.io, 300 waits of 0.3 s at concurrency 50, each
@@ -68,6 +68,13 @@ CANCEL_GRACE_SECONDS = 1.0
 #: 34 of the next wave's 50 ahead: the other 16 slots waited ~110-150 ms for results to
 #: reach the scheduler and a claim to come back.
 CLAIM_AHEAD_SECONDS = 1.0
+#: At most this many tasks claimed ahead per slot. With one, a wave of I/O-bound
+#: handlers left part of the next wave unclaimed: its handlers' starts reach the
+#: scheduler in two or three bursts, and it tops the tasks up only once half their
+#: room is free (one claim for many), so the rest of the room waited for the next
+#: wave, whose slots then waited for a claim (``benchmarks.io``: 17-24 of 50 slots
+#: started 5-10 ms late at every wave).
+AHEAD_PER_SLOT = 2
 
 
 def shares(total: int, processes: int) -> list[int]:
@@ -182,7 +189,7 @@ class MultiplexedPool(Executor):
         typical = self._typical
         if typical is None:
             return 0
-        return min(slots, int(slots * CLAIM_AHEAD_SECONDS / max(typical, 1e-6)))
+        return min(AHEAD_PER_SLOT * slots, int(slots * CLAIM_AHEAD_SECONDS / max(typical, 1e-6)))
 
     def submit(self, task: Task) -> None:
         self.submit_all((task,))

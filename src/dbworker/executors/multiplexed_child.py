@@ -229,19 +229,30 @@ class _LoopServer:
                     if task is not None:
                         task.cancel()
                     elif _drop(self.waiting, message[1]):
+                        self.runner.forget_async(message[1])
                         self._send((CANCELLED, message[1]))
                     continue
                 ahead = message[0] == AHEAD
-                self.waiting.append((message[1] if ahead else message, ahead))
+                entry = (message[1] if ahead else message, ahead)
+                self.waiting.append(entry)
                 started = self._start_waiting(loop)
                 if started:
                     self._send((STARTED, started, None))
+                if self.waiting and self.waiting[-1] is entry:
+                    self._prepare(entry[0])
             else:
                 return
         except (EOFError, OSError):
             pass
         if not stopping.done():
             stopping.set_result(None)
+
+    def _prepare(self, message: TaskMessage) -> None:
+        """A task that waits for a slot: the runner may get its start ready (its row
+        read), so that it starts at once when a handler returns."""
+        task = task_from_message(message)
+        if not isinstance(task, Result):  # its start reports what went wrong
+            self.runner.prepare_async(task)
 
     def _start_waiting(self, loop: asyncio.AbstractEventLoop) -> list[TaskKey]:
         """Start waiting tasks while there is room; the keys of those sent ahead."""

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
@@ -27,13 +27,13 @@ from sqlalchemy.pool import NullPool
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
 from ..core.policy import FINISHED, Decision, Ending, decide
-from ..core.tasks import ErrorInfo, Result, ResultKind, Task
+from ..core.tasks import ErrorInfo, Result, ResultKind, Task, TaskKey
 from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.terms import READ_ONLY_OPTION
 from .connections import pool_options
 from .failures import HandlerFailure
 from .loading import SourceLoader
-from .reading import AsyncReads
+from .reading import READS_AT_ONCE, AsyncReads
 from .runtime import KEPT_AFTER, ChildConfig, worker_table
 from .session import HandlerSession
 from .together import AsyncPartings, Parting
@@ -53,6 +53,11 @@ ASYNC_DRIVERS = {
     "mysql": ("aiomysql", "async"),
     "mariadb": ("aiomysql", "async"),
 }
+
+
+#: Rows read ahead at most, per slot: as many tasks as the coordinator claims ahead
+#: (``executors.multiplexed.AHEAD_PER_SLOT``).
+READ_AHEAD_PER_SLOT = 2
 
 
 def async_url(url: str | URL, driver: str | None = None) -> URL:
@@ -83,9 +88,14 @@ class AsyncRuntime:
         #: the pool's events per invocation, all on the loop every invocation waits on.
         self._idle: list[AsyncConnection] = []
         self._partings: AsyncPartings | None = None
+        #: Connections kept for endings together: taken from ``_idle``, they left a
+        #: wave's next handlers short, each of which then connected anew (10-15 ms).
+        self._enders: list[AsyncConnection] = []
         #: Connections kept for reading source rows apart (``_load_apart``).
         self._readers: list[AsyncConnection] = []
         self._reads: AsyncReads | None = None
+        #: Rows of tasks waiting for a slot, read ahead (``read_ahead``).
+        self._ahead: dict[TaskKey, _ReadAhead] = {}
 
     @property
     def starting(self) -> asyncio.Semaphore:
@@ -105,7 +115,9 @@ class AsyncRuntime:
     def engine(self) -> AsyncEngine:
         if self._engine is None:
             url = async_url(self.config.database_url, self.driver)
-            options = pool_options(dict(self.config.engine_options), url, self.capacity)
+            options = pool_options(
+                dict(self.config.engine_options), url, self.capacity, READS_AT_ONCE + ENDING_AT_ONCE
+            )
             engine = create_async_engine(url, **options)
             chosen = self.config.dialect
             dialect = chosen() if chosen is not None else for_engine(engine.sync_engine)
@@ -135,12 +147,16 @@ class AsyncRuntime:
                 await conn.run_sync(self.dialect.learn_server)
 
     async def dispose(self) -> None:
+        ahead, self._ahead = list(self._ahead.values()), {}
+        for early in ahead:
+            early.read.cancel()
+        await asyncio.gather(*(early.read for early in ahead), return_exceptions=True)
         if self._partings is not None:
             await self._partings.close()
         if self._reads is not None:
             await self._reads.close()
-        idle, self._idle = self._idle + self._readers, []
-        self._readers = []
+        idle, self._idle = self._idle + self._readers + self._enders, []
+        self._readers, self._enders = [], []
         for conn in idle:
             with contextlib.suppress(Exception):
                 await conn.close()
@@ -152,7 +168,12 @@ class AsyncRuntime:
     def partings(self) -> AsyncPartings:
         """Endings together (``together.py``); made on the running loop."""
         if self._partings is None:
-            self._partings = AsyncPartings(self.dialect, self._take, self._give_back)
+            enders = self._enders
+            self._partings = AsyncPartings(
+                self.dialect,
+                lambda: self._take(enders),
+                lambda conn, usable: self._give_back(conn, usable, enders),
+            )
         return self._partings
 
     @property
@@ -190,9 +211,7 @@ class AsyncRuntime:
         together: bool,
         returned: Callable[[], None] | None,
     ) -> Result | None:
-        session = AsyncSession(sync_session_class=HandlerSession, expire_on_commit=False)
-        handler_session = session.sync_session
-        assert isinstance(handler_session, HandlerSession)
+        session = _handler_session()
         source: Any = _UNREAD
         try:
             if together:
@@ -200,11 +219,13 @@ class AsyncRuntime:
                 # of starts (each of which may wait to connect) go together, and the
                 # handler holds no transaction while it waits: if it sends no
                 # statement, its ending joins others'.
-                source = await self._load_apart(session, task, worker)
+                session, source = await self._read_first(task, worker, session)
             conn = await self._take()
         except Exception as exc:
             turn.end()
             return await self.record_failure(task, worker, exc)
+        handler_session = session.sync_session
+        assert isinstance(handler_session, HandlerSession)
         session.bind = conn
         handler_session.bind = conn.sync_connection
         kept = False
@@ -239,22 +260,27 @@ class AsyncRuntime:
         # With no pool the user asked for a connection per use: nothing is kept.
         return not isinstance(self.engine.pool, NullPool)
 
-    async def _take(self) -> AsyncConnection:
-        """A kept connection, else one from the pool. One idle for a while is pinged
-        when its next transaction begins (``dialects.liveness``), as the pool would at
-        checkout; one left closed, invalidated or in a transaction is given back."""
-        while self._idle:
-            conn = self._idle.pop()
+    async def _take(self, kept: list[AsyncConnection] | None = None) -> AsyncConnection:
+        """A kept connection (of ``kept``, else a handler's), else one from the pool.
+        One idle for a while is pinged when its next transaction begins
+        (``dialects.liveness``), as the pool would at checkout; one left closed,
+        invalidated or in a transaction is given back."""
+        kept = self._idle if kept is None else kept
+        while kept:
+            conn = kept.pop()
             if not (conn.closed or conn.invalidated or conn.in_transaction()):
                 return conn
             with contextlib.suppress(Exception):
                 await conn.close()
         return await self.engine.connect()
 
-    async def _give_back(self, conn: AsyncConnection, usable: bool) -> None:
-        """Keep ``conn`` for a later use, or close it if it may be unusable."""
+    async def _give_back(
+        self, conn: AsyncConnection, usable: bool, kept: list[AsyncConnection] | None = None
+    ) -> None:
+        """Keep ``conn`` for a later use (in ``kept``, else a handler's), or close it if
+        it may be unusable."""
         if usable and self.keeps_connections and not conn.in_transaction():
-            self._idle.append(conn)
+            (self._idle if kept is None else kept).append(conn)
             return
         with contextlib.suppress(Exception):
             if usable:
@@ -333,6 +359,41 @@ class AsyncRuntime:
             loader = self._loaders[source] = SourceLoader(source, worker.source_pk)
         return loader
 
+    def read_ahead(self, task: Task) -> None:
+        """Read ``task``'s row now: it was claimed ahead and waits for a slot, and will
+        start at once when one frees. Read at its start instead, a wave's next
+        handlers waited for reads that shared the loop with the endings of the wave
+        that had just returned (``benchmarks.io``: 6-8 ms a wave). The row is as a
+        read apart at the start sees it (a statement of its own, before the
+        handler's transaction), only earlier: at most ``CLAIM_AHEAD_SECONDS``, what
+        the coordinator claims ahead for (``executors.multiplexed``)."""
+        if task.key in self._ahead or len(self._ahead) >= READ_AHEAD_PER_SLOT * self.capacity:
+            return
+        worker = self.prepare(task.worker, task.source, task.keyed)
+        session = _handler_session()
+        read = asyncio.get_running_loop().create_task(self._load_apart(session, task, worker))
+        read.add_done_callback(_retrieved)
+        self._ahead[task.key] = _ReadAhead(session, read)
+
+    def forget_ahead(self, key: TaskKey) -> None:
+        """The task ``key`` was withdrawn before it started: its read is not wanted."""
+        early = self._ahead.pop(key, None)
+        if early is not None:
+            early.read.cancel()
+
+    async def _read_first(
+        self, task: Task, worker: WorkerTable, session: AsyncSession
+    ) -> tuple[AsyncSession, Any]:
+        """The session and row ``task`` starts with: read ahead (``read_ahead``), or
+        now in ``session``. A read ahead that failed or found no row is done again."""
+        early = self._ahead.pop(task.key, None)
+        if early is not None:
+            with contextlib.suppress(Exception):
+                source = await early.read
+                if source is not None:
+                    return early.session, source
+        return session, await self._load_apart(session, task, worker)
+
     async def _load_apart(self, session: AsyncSession, task: Task, worker: WorkerTable) -> Any:
         """The source row read apart, outside the handler's transaction (which then
         begins with the handler's first statement, if any), then placed in ``session``
@@ -391,6 +452,24 @@ def _finish(
 
 #: A source row not read yet (``_connected``).
 _UNREAD = object()
+
+
+@dataclass(eq=False, slots=True)
+class _ReadAhead:
+    """A waiting task's row, being read (``AsyncRuntime.read_ahead``) into ``session``."""
+
+    session: AsyncSession
+    read: asyncio.Task[Any]
+
+
+def _handler_session() -> AsyncSession:
+    return AsyncSession(sync_session_class=HandlerSession, expire_on_commit=False)
+
+
+def _retrieved(read: asyncio.Task[Any]) -> None:
+    # Its failure is met again when its task starts and reads anew; not a stray error.
+    if not read.cancelled():
+        read.exception()
 
 
 def _record_on(

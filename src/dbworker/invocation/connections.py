@@ -23,15 +23,20 @@ from sqlalchemy.pool import NullPool
 from ..dialects.base import READ_ONLY_OPTION
 
 
-def pool_options(options: dict[str, Any], url: URL, capacity: int) -> dict[str, Any]:
+def pool_options(
+    options: dict[str, Any], url: URL, capacity: int, shared: int = 0
+) -> dict[str, Any]:
     """``options`` with a connection pool that holds ``capacity`` invocations at once,
     unless the user chose the pool. Each keeps one connection; it may use two more, on
     demand: one to read the source row apart (``Dialect.source_read_apart``, kept by a
     thread), and one to record its failure (with the pool one short, a failing handler's
-    record waited for the pool's timeout, 30 s, then was left to the coordinator)."""
+    record waited for the pool's timeout, 30 s, then was left to the coordinator), or
+    its slot's next invocation's while its ending commits. ``shared``: connections the
+    process keeps besides (for reads and endings together): with them taken from the
+    same room, a process of one slot waited on the pool for good."""
     if "poolclass" in options or "pool" in options or url.database in (None, "", ":memory:"):
         return options
-    return {"pool_size": capacity, "max_overflow": 2 * capacity, **options}
+    return {"pool_size": capacity, "max_overflow": 2 * capacity + shared, **options}
 
 
 @dataclass(slots=True)

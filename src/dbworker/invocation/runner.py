@@ -28,6 +28,7 @@ from .group import run_group
 from .inherited import refuse_inherited_connections
 from .lending import LentConnections
 from .runtime import ChildConfig, Runtime
+from .turns import ENDING_AT_ONCE
 
 if TYPE_CHECKING:
     # Imported where used: SQLAlchemy's asyncio layer and greenlet (1.8 MiB) are loaded
@@ -143,7 +144,7 @@ class ProcessRunner:
         """This process will run up to ``count`` invocations at once: size its
         connection pool for them (before it connects)."""
         url = make_url(self.config.database_url)
-        options = pool_options(dict(self.config.engine_options), url, count)
+        options = pool_options(dict(self.config.engine_options), url, count, ENDING_AT_ONCE)
         self.config = replace(self.config, engine_options=options)
         self.runtime.end_together()
 
@@ -166,6 +167,12 @@ class ProcessRunner:
 
     async def run_async(self, task: Task, returned: Callable[[], None] | None = None) -> Result:
         return await self.async_runtime.run(task, returned)
+
+    def prepare_async(self, task: Task) -> None:
+        self.async_runtime.read_ahead(task)
+
+    def forget_async(self, key: TaskKey) -> None:
+        self.async_runtime.forget_ahead(key)
 
     async def dispose_async(self) -> None:
         if self._async is not None:
