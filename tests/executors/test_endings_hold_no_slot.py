@@ -1,12 +1,17 @@
 """The asyncio executor's process starts a task sent ahead as soon as a handler
 returns, while that handler's ending still commits (``multiplexed_child``), and the
 coordinator counts such endings as holding no slot: otherwise the next tasks are not
-claimed ahead until their results come back (``MultiplexedPool._busy``)."""
+claimed ahead until their results come back (``MultiplexedPool._busy``). Enough is
+claimed ahead for every slot of the next wave, and a task that waits in the process
+is handed to the runner to prepare (its row read ahead), and forgotten there once
+withdrawn."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +21,15 @@ from dbworker.core.tasks import Result, ResultKind, Task, task_message, task_pay
 from dbworker.executors import multiplexed
 from dbworker.executors.children import Child
 from dbworker.executors.multiplexed import MultiplexedPool
-from dbworker.executors.multiplexed_child import AHEAD, CANCELLED, STARTED, TOGETHER, _LoopServer
-from dbworker.executors.process import CANCEL, send
+from dbworker.executors.multiplexed_child import (
+    AHEAD,
+    CANCELLED,
+    STARTED,
+    TOGETHER,
+    _LoopServer,
+    _serve_threads,
+)
+from dbworker.executors.process import CANCEL, receive, send
 
 from .test_batched_reads import _Process, _task
 
@@ -114,10 +126,10 @@ class _Runner:
         await self.ending_done.setdefault(task.source_id, asyncio.Event()).wait()
         return Result(task.key, ResultKind.FINISHED)
 
-    def prepare_async(self, task: Task) -> None:
+    def prepare_waiting(self, task: Task) -> None:
         self.prepared.append(task.source_id)
 
-    def forget_async(self, key: Any) -> None:
+    def forget_waiting(self, key: Any) -> None:
         self.forgotten.append(key)
 
 
@@ -203,3 +215,58 @@ def test_a_task_that_waits_for_a_slot_is_prepared_and_forgotten_once_withdrawn()
         child_end.close()
 
     asyncio.run(scenario())
+
+
+class _ThreadsRunner:
+    """Runs each task on its thread until told to return; records what it was told
+    of the tasks that wait."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started: list[int] = []
+        self.prepared: list[int] = []
+        self.forgotten: list[Any] = []
+
+    def run_later(self, task: Task, later: Any) -> Result:
+        self.started.append(task.source_id)
+        assert self.release.wait(timeout=30)
+        return Result(task.key, ResultKind.FINISHED)
+
+    def prepare_waiting(self, task: Task) -> None:
+        self.prepared.append(task.source_id)
+
+    def forget_waiting(self, key: Any) -> None:
+        self.forgotten.append(key)
+
+
+def test_threads_a_task_sent_ahead_is_prepared_and_forgotten_once_withdrawn() -> None:
+    parent, child_end = multiprocessing.Pipe()
+    runner = _ThreadsRunner()
+    serving = threading.Thread(
+        target=_serve_threads,
+        args=(child_end, runner, 1),  # one thread
+        daemon=True,
+    )
+    serving.start()
+    first, second, third = _task(1), _task(2), _task(3)
+    payload = task_payload(first)
+    try:
+        send(parent, task_message(first, payload))
+        send(parent, (AHEAD, task_message(second, payload)))
+        send(parent, (AHEAD, task_message(third, payload)))
+        send(parent, (CANCEL, third.key))
+        assert parent.poll(30), "the withdrawn task is answered"
+        assert receive(parent) == (CANCELLED, third.key)
+        deadline = time.monotonic() + 30
+        while not runner.started:  # the thread may not have started it yet
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert runner.started == [1]
+        assert runner.prepared == [2, 3], "only those sent ahead"
+        assert runner.forgotten == [third.key]
+    finally:
+        runner.release.set()
+        send(parent, None)
+        serving.join(timeout=30)
+        parent.close()
+        child_end.close()

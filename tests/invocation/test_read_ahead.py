@@ -1,25 +1,31 @@
-"""Rows read ahead (``AsyncRuntime.read_ahead``), on every database: a task that waits
-for a slot on the event loop has its row read then, and starts without reading it
-again; a read ahead that failed or found no row is done again at the start; a task
-withdrawn before it starts has its read dropped."""
+"""Rows read ahead (``AsyncRuntime.read_ahead``, ``Runtime.read_ahead`` for threads),
+on every database: a task that waits for a slot has its row read then, and starts
+without reading it again; a read ahead that failed or found no row is done again at
+the start; a task withdrawn before it starts has its read dropped. On threads, a
+handler read ahead that sends no statement holds no transaction, and its ending goes
+with others'."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
+from dbworker import Finished, Outcome
 from dbworker.core.tasks import Result, ResultKind, Task
 from dbworker.invocation.async_runtime import AsyncRuntime
 from dbworker.invocation.loading import SourceLoader
-from dbworker.invocation.runtime import ChildConfig
+from dbworker.invocation.runtime import ChildConfig, Runtime
 
 from .test_endings_together import CALLS, GATE, Gate, handle
-from .test_group import GroupItem, Rig, rig  # noqa: F401  (the fixture)
+from .test_group import GroupEffect, GroupItem, Rig, rig  # noqa: F401  (the fixture)
 
 FINISHED = ResultKind.FINISHED
 
@@ -151,3 +157,128 @@ def test_a_task_withdrawn_while_it_waits_has_its_read_dropped(
     assert [r.kind for r in results] == [FINISHED]
     assert read == [2]
     assert setup.effects() == {2: 1}
+
+
+# -- threads ---------------------------------------------------------------------------
+
+
+def handle_quietly(source: GroupItem, session: Session) -> Outcome:
+    """Writes its effect without a statement before it returns (no rollback either):
+    read ahead, it holds no transaction when it returns."""
+    CALLS.append(source.id)
+    session.add(GroupEffect(item_id=source.id if source.mode == "ok" else None))
+    return Finished()
+
+
+def test_threads_a_task_read_ahead_starts_without_reading_and_ends_with_others(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = rig(["ok", "ok", "ok"])
+    read = _reads(monkeypatch)
+    runtime = Runtime(ChildConfig(str(setup.engine.url), {}, type(setup.runtime.dialect)))
+    runtime.end_together()
+    assert runtime.reads is not None
+    tasks = [dataclasses.replace(task, handler=handle_quietly) for task in setup.tasks]
+    later: list[Result] = []
+    delivered = threading.Semaphore(0)
+
+    def deliver(result: Result) -> None:
+        later.append(result)
+        delivered.release()
+
+    CALLS.clear()
+    try:
+        for task in tasks:
+            runtime.read_ahead(task)
+        deadline = time.monotonic() + 30
+        while not all(w.ended for w in runtime.reads._wanted.values()):
+            assert time.monotonic() < deadline, "never read"
+            time.sleep(0.01)
+        assert sorted(read) == [1, 2, 3], "read while they waited"
+        # Changed after the read: the handler gets the row as it was read ahead (a
+        # "bad" one would fail its flush).
+        with setup.engine.begin() as conn:
+            conn.execute(update(GroupItem).values(mode="bad"))
+        now = [runtime.run_later(task, deliver) for task in tasks]
+        if setup.runtime.dialect.group_commit:
+            # Holding no transaction, each handed its ending over to go with others'.
+            assert now == [None, None, None]
+            for _ in tasks:
+                assert delivered.acquire(timeout=30), "a handed-over ending never reported"
+        else:
+            later.extend(r for r in now if r is not None)
+    finally:
+        runtime.dispose()
+    assert sorted(read) == [1, 2, 3], "not read again at their start"
+    assert sorted(CALLS) == [1, 2, 3]
+    assert [r.kind for r in later] == [FINISHED] * 3
+    assert setup.effects() == {1: 1, 2: 1, 3: 1}
+    assert setup.finished_count() == 3
+
+
+def _thread_task(n: int) -> Task:
+    return Task("w", n, 1, 1, 0, print, object)
+
+
+def test_threads_reads_ahead_give_way_to_the_thread_that_starts_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task taken before its row was read is read by its thread (and no longer by the
+    reads ahead); one taken while its read runs waits for it; a failed read, or a
+    withdrawn task, gives nothing."""
+    from dbworker.invocation import reading
+
+    connecting = threading.Event()
+    go = threading.Event()
+    fail = [False]
+
+    def connect() -> Any:
+        connecting.set()
+        assert go.wait(timeout=30)
+        if fail[0]:
+            raise ConnectionError("the server went away")
+        return _StubConnection()
+
+    def read_all(read: Any, batch: Any) -> None:
+        for wanted in batch:
+            wanted.found = f"row {wanted.source_id}"
+
+    monkeypatch.setattr(reading, "_read_all", read_all)
+    reads = reading.ThreadReads(connect, lambda task: None)  # type: ignore[arg-type,return-value]
+    first, second, third = (_thread_task(n) for n in (1, 2, 3))
+    try:
+        reads.add(first, Session())
+        assert connecting.wait(timeout=30), "the reading thread took the first"
+        reads.add(second, Session())
+        reads.add(third, Session())
+        assert reads.take(second.key) is None, "not read yet: its thread reads it"
+        reads.forget(third.key)
+        assert list(reads._queued) == [] and list(reads._wanted) == [first.key]
+        taken: list[Any] = []
+        waiter = threading.Thread(target=lambda: taken.append(reads.take(first.key)))
+        waiter.start()
+        time.sleep(0.05)
+        assert waiter.is_alive(), "it waits for the read under way"
+        go.set()
+        waiter.join(timeout=30)
+        assert taken and taken[0] is not None and taken[0][1] == "row 1"
+        fail[0] = True
+        reads._read = None
+        reads.add(second, Session())
+        deadline = time.monotonic() + 30
+        while not reads._wanted[second.key].ended:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert reads.take(second.key) is None, "a failed read gives nothing"
+    finally:
+        go.set()
+        reads.close()
+
+
+class _StubConnection:
+    def invalidate(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -59,12 +59,13 @@ class ConcurrentRunner(Runner, Protocol):
         commits (its slot may take the next task meanwhile)."""
         ...
 
-    def prepare_async(self, task: Task) -> None:
-        """``task`` waits on the event loop for a slot: what its start needs may be
-        fetched now (its row read), so that it starts at once when one frees."""
+    def prepare_waiting(self, task: Task) -> None:
+        """``task`` waits in this process for a slot (a thread, or room on the event
+        loop): what its start needs may be fetched now (its row read), so that it
+        starts at once when one frees."""
 
-    def forget_async(self, key: TaskKey) -> None:
-        """A task ``prepare_async`` was given will not start here (it was withdrawn)."""
+    def forget_waiting(self, key: TaskKey) -> None:
+        """A task ``prepare_waiting`` was given will not start here (it was withdrawn)."""
 
     async def dispose_async(self) -> None:
         """Close what ``start_async`` and ``run_async`` opened."""

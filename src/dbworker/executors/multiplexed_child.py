@@ -133,12 +133,23 @@ def _serve_threads(conn: Connection, runner: ConcurrentRunner, capacity: int) ->
             with arrived:
                 dropped = _drop(waiting, message[1])
             if dropped:
+                runner.forget_waiting(message[1])
                 reply((CANCELLED, message[1]))
             continue
         ahead = message[0] == AHEAD
+        if ahead:  # it may wait for a thread: its row is read meanwhile
+            _prepare(runner, message[1])
         with arrived:
             waiting.append((message[1] if ahead else message, ahead))
             arrived.notify()
+
+
+def _prepare(runner: ConcurrentRunner, message: TaskMessage) -> None:
+    """A task that may wait for a slot: the runner may get its start ready (its row
+    read), so that it starts at once when one frees."""
+    task = task_from_message(message)
+    if not isinstance(task, Result):  # its start reports what went wrong
+        runner.prepare_waiting(task)
 
 
 def _drop(waiting: collections.deque[tuple[TaskMessage, bool]], key: TaskKey) -> bool:
@@ -229,7 +240,7 @@ class _LoopServer:
                     if task is not None:
                         task.cancel()
                     elif _drop(self.waiting, message[1]):
-                        self.runner.forget_async(message[1])
+                        self.runner.forget_waiting(message[1])
                         self._send((CANCELLED, message[1]))
                     continue
                 ahead = message[0] == AHEAD
@@ -239,20 +250,13 @@ class _LoopServer:
                 if started:
                     self._send((STARTED, started, None))
                 if self.waiting and self.waiting[-1] is entry:
-                    self._prepare(entry[0])
+                    _prepare(self.runner, entry[0])
             else:
                 return
         except (EOFError, OSError):
             pass
         if not stopping.done():
             stopping.set_result(None)
-
-    def _prepare(self, message: TaskMessage) -> None:
-        """A task that waits for a slot: the runner may get its start ready (its row
-        read), so that it starts at once when a handler returns."""
-        task = task_from_message(message)
-        if not isinstance(task, Result):  # its start reports what went wrong
-            self.runner.prepare_async(task)
 
     def _start_waiting(self, loop: asyncio.AbstractEventLoop) -> list[TaskKey]:
         """Start waiting tasks while there is room; the keys of those sent ahead."""

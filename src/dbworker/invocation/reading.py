@@ -1,5 +1,7 @@
 """Source rows read together: the asyncio executor's invocations that start about the
-same time read their rows in one statement.
+same time read their rows in one statement; the rows of tasks waiting for a slot are
+read ahead, on the event loop (``AsyncRuntime.read_ahead``) or by a thread of the
+threads executor's process (``ThreadReads``).
 
 Tasks arrive in bursts (a claim's worth, or a wave of I/O-bound handlers whose
 waits ended together, each slot taking its next task at once). Read one by one,
@@ -14,7 +16,9 @@ rest of a burst queue meanwhile and go in the next.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +27,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
+from ..core.tasks import Task, TaskKey
 from .batches import AsyncBatches
 from .loading import SourceLoader
 
@@ -94,6 +99,113 @@ class AsyncReads:
     async def close(self) -> None:
         """Wait for reads under way (before the engine is disposed of)."""
         await self._batches.close()
+
+
+class ThreadReads:
+    """Rows read ahead for the threads executor: ``add`` queues a task that waits for
+    a thread, and a thread of its own reads the rows of what waits in one statement,
+    on a connection kept for it (where each statement commits by itself, unless the
+    dialect reads apart already). ``take`` gives the thread that starts the task its
+    session with the row loaded, or None: the thread then reads the row itself, as
+    without reading ahead (not read yet, failed, gone).
+
+    Each thread read its own row as it started, in its transaction (BEGIN and SELECT
+    on PostgreSQL and MariaDB), and a wave of 50 threads starting together queued
+    for the GIL: the last started 30-40 ms after the first (``benchmarks.io``). Read
+    ahead, a start sends nothing, and a handler that sends no statement holds no
+    transaction, so its ending goes with others' (``together.py``)."""
+
+    def __init__(
+        self, connect: Callable[[], Connection], loader: Callable[[Task], SourceLoader]
+    ) -> None:
+        self._connect = connect
+        self._loader = loader
+        self._changed = threading.Condition()
+        self._queued: collections.deque[_Wanted] = collections.deque()
+        self._wanted: dict[TaskKey, _Wanted] = {}
+        self._thread: threading.Thread | None = None
+        self._read: Connection | None = None
+        self._closed = False
+
+    def add(self, task: Task, session: Session) -> None:
+        """Read ``task``'s row into ``session`` (an unbound handler's session)."""
+        with self._changed:
+            if self._closed or task.key in self._wanted:
+                return
+            wanted = _Wanted(self._loader(task), session, task.source_id)
+            self._wanted[task.key] = wanted
+            self._queued.append(wanted)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="dbworker-reads", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def take(self, key: TaskKey) -> tuple[Session, Any] | None:
+        """The session and row read ahead for the task ``key``, once read; None if
+        none was (or it failed, or found no row)."""
+        with self._changed:
+            wanted = self._wanted.pop(key, None)
+            if wanted is None:
+                return None
+            if wanted in self._queued:  # not read yet: the thread reads it now itself
+                self._queued.remove(wanted)
+                return None
+            while not wanted.ended:
+                self._changed.wait()
+        if wanted.error is not None or wanted.found is None:
+            return None
+        return wanted.session, wanted.found
+
+    def forget(self, key: TaskKey) -> None:
+        """The task ``key`` will not start here: its read is not wanted."""
+        with self._changed:
+            wanted = self._wanted.pop(key, None)
+            if wanted is not None and wanted in self._queued:
+                self._queued.remove(wanted)
+
+    def _serve(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queued and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                count = min(len(self._queued), READ_MAX_ROWS)
+                batch = [self._queued.popleft() for _ in range(count)]
+            try:
+                if self._read is None:
+                    self._read = self._connect()
+                _read_all(self._read, batch)
+            except Exception as exc:
+                if self._read is not None:
+                    with contextlib.suppress(Exception):
+                        self._read.invalidate()
+                        self._read.close()
+                self._read = None
+                for wanted in batch:
+                    wanted.error = exc
+            with self._changed:
+                for wanted in batch:
+                    wanted.ended = True
+                self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            for wanted in self._wanted.values():
+                wanted.ended = True
+            self._wanted.clear()
+            self._queued.clear()
+            self._changed.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=30)
+        if self._read is not None:
+            with contextlib.suppress(Exception):
+                self._read.close()
+            self._read = None
 
 
 def _read_all(read: Connection, batch: Sequence[_Wanted]) -> None:

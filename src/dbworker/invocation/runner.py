@@ -144,7 +144,8 @@ class ProcessRunner:
         """This process will run up to ``count`` invocations at once: size its
         connection pool for them (before it connects)."""
         url = make_url(self.config.database_url)
-        options = pool_options(dict(self.config.engine_options), url, count, ENDING_AT_ONCE)
+        # Kept besides: the ending threads' connections and the one reading ahead.
+        options = pool_options(dict(self.config.engine_options), url, count, ENDING_AT_ONCE + 1)
         self.config = replace(self.config, engine_options=options)
         self.runtime.end_together()
 
@@ -168,11 +169,17 @@ class ProcessRunner:
     async def run_async(self, task: Task, returned: Callable[[], None] | None = None) -> Result:
         return await self.async_runtime.run(task, returned)
 
-    def prepare_async(self, task: Task) -> None:
-        self.async_runtime.read_ahead(task)
+    def prepare_waiting(self, task: Task) -> None:
+        if self._async is not None:
+            self._async.read_ahead(task)
+        else:
+            self.runtime.read_ahead(task)
 
-    def forget_async(self, key: TaskKey) -> None:
-        self.async_runtime.forget_ahead(key)
+    def forget_waiting(self, key: TaskKey) -> None:
+        if self._async is not None:
+            self._async.forget_ahead(key)
+        else:
+            self.runtime.forget_ahead(key)
 
     async def dispose_async(self) -> None:
         if self._async is not None:

@@ -19,13 +19,14 @@ from sqlalchemy.orm import Session
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
 from ..core.policy import FINISHED, Ending, decide
-from ..core.tasks import Result, ResultKind, Task
+from ..core.tasks import Result, ResultKind, Task, TaskKey
 from ..dialects import Dialect, WorkerTable, for_engine
-from ..dialects.terms import NEVER_ISSUED_TOKEN
+from ..dialects.terms import NEVER_ISSUED_TOKEN, READ_ONLY_OPTION
 from ..schema import detached_table
 from .connections import HeldConnections
 from .failures import HandlerFailure
 from .loading import SourceLoader
+from .reading import ThreadReads
 from .session import HandlerSession
 from .together import Parting, ThreadEndings
 from .turns import ENDING_AT_ONCE, ENDING_TURN_WAIT, EndingTurns
@@ -74,13 +75,39 @@ class Runtime:
         #: Where the process runs many invocations at once (threads), endings of those
         #: whose handler holds no transaction go together (``together.py``).
         self.endings: ThreadEndings | None = None
+        #: There too, the rows of tasks waiting for a thread are read ahead.
+        self.reads: ThreadReads | None = None
 
     def end_together(self) -> None:
-        """Run invocations handed ``later`` with endings together (before any runs)."""
+        """Run invocations handed ``later`` with endings together, and read the rows of
+        tasks that wait for a thread ahead (before any runs)."""
         if self.endings is None:
             self.endings = ThreadEndings(
                 lambda: self.dialect, lambda: self.engine.connect(), self.run
             )
+        if self.reads is None:
+            self.reads = ThreadReads(self._reading_connection, self._task_loader)
+
+    def read_ahead(self, task: Task) -> None:
+        """Read ``task``'s row now: it waits for a thread (``ThreadReads``). Its handler
+        gets the row as read then, before its transaction, as on the event loop."""
+        if self.reads is not None:
+            self.reads.add(task, HandlerSession(expire_on_commit=False))
+
+    def forget_ahead(self, key: TaskKey) -> None:
+        if self.reads is not None:
+            self.reads.forget(key)
+
+    def _reading_connection(self) -> Connection:
+        conn = self.engine.connect()
+        options: dict[str, Any] = {READ_ONLY_OPTION: True}
+        if not self.dialect.source_read_apart:
+            options["isolation_level"] = "AUTOCOMMIT"
+        conn.execution_options(**options)
+        return conn
+
+    def _task_loader(self, task: Task) -> SourceLoader:
+        return self._loader(task.source, self.prepare(task.worker, task.source, task.keyed))
 
     @property
     def engine(self) -> Engine:
@@ -222,6 +249,8 @@ class Runtime:
         return loader
 
     def dispose(self) -> None:
+        if self.reads is not None:
+            self.reads.close()
         if self.endings is not None:
             self.endings.close()
         self.release()
@@ -270,17 +299,24 @@ class Runtime:
         read: Connection | None,
         parted: Callable[[Result], None] | None = None,
     ) -> Result | None:
-        # Nothing reads the instances after the commit: expiring them is wasted work.
-        session = HandlerSession(bind=bind, expire_on_commit=False)
+        early = None if self.reads is None else self.reads.take(task.key)
+        if early is None:
+            # Nothing reads the instances after the commit: expiring them is wasted work.
+            session = HandlerSession(bind=bind, expire_on_commit=False)
+        else:  # read ahead: the handler's transaction begins with its first statement
+            read_early, source = early
+            assert isinstance(read_early, HandlerSession)
+            session = read_early
+            session.bind = bind
         handed = False
         try:
             try:
-                if read is not None:
+                if early is None and read is not None:
                     # Read the row apart (on a connection kept for reading), so that
                     # the handler's transaction (and the write lock it takes) starts
                     # with the handler's first statement; the instance stays loaded.
                     source = self.load_apart(session, worker, task.source, task.source_id, read)
-                else:
+                elif early is None:
                     source = self.load(session, worker, task.source, task.source_id)
                 session._dbworker_guarded = True
                 if source is None:
