@@ -106,3 +106,56 @@ def test_threads_take_turns_and_a_wait_for_one_is_bounded() -> None:
     with turns.turn() as third:
         pass
     assert (second, third) == (False, True)
+
+
+def test_a_wait_without_a_transaction_is_not_bounded() -> None:
+    """An invocation that holds no transaction holds no lock another ending may wait
+    for: it waits for its turn however long that takes (bounded, a wave of them went
+    into SQLite's busy handler all at once)."""
+
+    async def scenario() -> tuple[bool, bool, float]:
+        turns = AsyncEndingTurns(1, wait=0.02)
+        release = asyncio.Event()
+
+        async def holder() -> None:
+            async with turns.turn():
+                await release.wait()
+
+        holding = asyncio.create_task(holder())
+        await asyncio.sleep(0)
+        async with turns.turn(holding=True) as bounded:
+            pass  # past the bound, without a turn
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        loop.call_later(0.1, release.set)
+        async with turns.turn(holding=False) as patient:
+            waited = loop.time() - began
+        await holding
+        return bounded, patient, waited
+
+    bounded, patient, waited = asyncio.run(scenario())
+    assert bounded is False
+    assert patient is True, "it waited for the holder's turn"
+    assert waited >= 0.05, "well past the bound"
+
+
+def test_threads_a_wait_without_a_transaction_is_not_bounded() -> None:
+    turns = EndingTurns(1, wait=0.02)
+    release = threading.Event()
+    taken = threading.Event()
+
+    def holder() -> None:
+        with turns.turn():
+            taken.set()
+            release.wait(timeout=30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert taken.wait(timeout=30)
+    with turns.turn(holding=True) as bounded:
+        pass
+    threading.Timer(0.1, release.set).start()
+    with turns.turn(holding=False) as patient:
+        pass
+    thread.join(timeout=30)
+    assert (bounded, patient) == (False, True)

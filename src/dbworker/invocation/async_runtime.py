@@ -343,7 +343,7 @@ class AsyncRuntime:
             # The flush, the fenced ending and the commit (or rollback) in one trip
             # through the greenlet: each trip is a pass of the loop, shared with every
             # invocation in flight.
-            async with self.ending.turn():
+            async with self.ending.turn(holding=conn.in_transaction()):
                 done = await session.run_sync(_finish, self.dialect, worker, task, decision)
             return Result(task.key, kind if done else ResultKind.LOST)
         except Exception as exc:

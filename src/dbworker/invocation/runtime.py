@@ -351,7 +351,7 @@ class Runtime:
                     self.endings.submit(Parting(task, worker, session, outcome), parted)
                     handed = True
                     return None
-                with self.ending.turn():
+                with self.ending.turn(holding=bind.in_transaction()):
                     if not bind.in_transaction() and not _has_changes(session):
                         # The handler sent no statement (its row was read apart) and
                         # left nothing to flush: the status change is all there is to
