@@ -10,6 +10,11 @@ import threading
 from dbworker.invocation.turns import AsyncEndingTurns, EndingTurns
 
 
+async def _held_until(turns: AsyncEndingTurns, release: asyncio.Event) -> None:
+    async with turns.turn():
+        await release.wait()
+
+
 def test_turns_are_held_at_most_n_at_once_and_handed_on_in_order() -> None:
     async def scenario() -> tuple[int, list[int], list[bool]]:
         turns = AsyncEndingTurns(2, wait=10.0)
@@ -41,11 +46,7 @@ def test_a_wait_for_a_turn_is_bounded_and_a_late_turn_is_not_taken() -> None:
         turns = AsyncEndingTurns(1, wait=0.05)
         release = asyncio.Event()
 
-        async def holder() -> None:
-            async with turns.turn():
-                await release.wait()
-
-        holding = asyncio.create_task(holder())
+        holding = asyncio.create_task(_held_until(turns, release))
         await asyncio.sleep(0)
         async with turns.turn() as second:
             pass  # ran without a turn, while the holder still holds the only one
@@ -117,11 +118,7 @@ def test_a_wait_without_a_transaction_is_not_bounded() -> None:
         turns = AsyncEndingTurns(1, wait=0.02)
         release = asyncio.Event()
 
-        async def holder() -> None:
-            async with turns.turn():
-                await release.wait()
-
-        holding = asyncio.create_task(holder())
+        holding = asyncio.create_task(_held_until(turns, release))
         await asyncio.sleep(0)
         async with turns.turn(holding=True) as bounded:
             pass  # past the bound, without a turn
