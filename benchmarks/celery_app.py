@@ -24,6 +24,8 @@ from typing import Any
 
 from celery import Celery
 
+from .io_trace import mark
+
 REDIS_URL = os.environ.get("DBWORKER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 CONFIG_ENV = "DBWORKER_BENCH_CELERY_CONFIG"
 KEYS_ENV = "DBWORKER_BENCH_CELERY_KEYS"
@@ -88,7 +90,9 @@ def _stamp(item_id: int, path: str) -> None:
 
 def _wait(seconds: float) -> None:
     """An I/O-bound task (``benchmarks.io``): it only waits."""
+    mark("start", 0)
     time.sleep(seconds)
+    mark("ret", 0)
 
 
 def _wait_and_write(seconds: float, url: str, call_id: int) -> None:
@@ -100,7 +104,9 @@ def _wait_and_write(seconds: float, url: str, call_id: int) -> None:
 
     from .io_work import Done
 
+    mark("start", call_id)
     time.sleep(seconds)
+    mark("ret", call_id)
     engine = _ENGINES.get(url)
     if engine is None:
         # One connection per thread of the pool, as dbworker's threads executor keeps.

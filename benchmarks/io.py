@@ -58,6 +58,7 @@ from ._common import (
     scratch_database,
     write_report,
 )
+from .io_trace import TRACE_ENV, mark, summarize
 from .io_work import WAIT_SECONDS
 from .throughput import REDIS_URL, REPOSITORY, _wait_drained, child_environment, stop_process
 
@@ -117,22 +118,29 @@ def run_dbworker(backend: str, mode: str, args: argparse.Namespace) -> dict[str,
             if not line or not json.loads(line).get("ready"):
                 raise RuntimeError(f"the dbworker process did not start ({line!r})")
 
-            def drain(first: int, count: int) -> float:
+            def drain(first: int, count: int, label: str | None = None) -> float:
+                if label:
+                    mark("clock", label)
                 start = time.perf_counter()
                 with Session(engine) as session, session.begin():
                     # As Celery's side sends its tasks, with its batch API (group):
                     # an ORM bulk INSERT, not one unit of work object per row.
                     rows = [{"id": i} for i in range(first, first + count)]
                     session.execute(sa.insert(Call), rows)
+                if label:
+                    mark("sent", label)
                 deadline = time.monotonic() + args.timeout
                 _wait_for_rows(
                     engine, first + count - 1, args, deadline, f"dbworker {mode} on {backend}"
                 )
-                return time.perf_counter() - start
+                seconds = time.perf_counter() - start
+                if label:
+                    mark("drained", label)
+                return seconds
 
             drain(1, args.concurrency)  # warm-up: processes started, connections open
             memory = TreeMemory([process.pid], args.rss_interval_ms / 1000).start()
-            seconds = drain(args.concurrency + 1, args.items)
+            seconds = drain(args.concurrency + 1, args.items, f"dbworker_{mode}_{backend}")
             memory_report = memory.stop()
             total = args.concurrency + args.items
             rows = _count(engine, "SELECT count(*) FROM io_bench_done")
@@ -216,9 +224,13 @@ def run_celery(args: argparse.Namespace, write: bool = False) -> dict[str, Any]:
             send(args.concurrency)  # warm-up
             drained(time.monotonic() + args.timeout)
             memory = TreeMemory([worker.pid], args.rss_interval_ms / 1000).start()
+            label = "celery_threads_writing" if write else "celery_threads"
+            mark("clock", label)
             start = time.perf_counter()
             send(args.items)
+            mark("sent", label)
             end = drained(time.monotonic() + args.timeout)
+            mark("drained", label)
             memory_report = memory.stop()
             if engine is not None:
                 rows = _count(engine, "SELECT count(*) FROM io_bench_done")
@@ -278,8 +290,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-interval-ms", type=float, default=100.0)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "io.json")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="write each call's start and return and each run's clock to this file, "
+        "and add where each drain's time went to the report (benchmarks.io_trace)",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
+    if args.trace:
+        args.trace.write_text("")
+        os.environ[TRACE_ENV] = str(args.trace.resolve())  # the handlers' processes inherit it
     report = new_report("io", argv)
     report["workload"] = {
         "items": args.items,
@@ -322,6 +343,15 @@ def main(argv: list[str] | None = None) -> int:
             found["pss_vs_celery"] = round(found["pss_mib"] / celery["pss_mib"], 3)
         if writing:
             found["seconds_vs_celery_writing"] = round(found["seconds"] / writing["seconds"], 3)
+    if args.trace:
+        report["trace"] = summarize(args.trace, args.concurrency)
+        for drain in report["trace"]:
+            waves = ", ".join(f"{w['starts'][0]:.0f}-{w['starts'][1]:.0f}" for w in drain["waves"])
+            log(
+                f"trace {drain['run']}: sent {drain['sent_ms']} ms, first start "
+                f"{drain['first_start_ms']} ms, waves start {waves} ms, last return "
+                f"{drain['last_return_ms']} ms, drained {drain['tail_ms']} ms after it"
+            )
     write_report(args.output, report)
     print(json.dumps(report["medians"], indent=2))
     return 0

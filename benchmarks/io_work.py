@@ -27,6 +27,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from dbworker import AsyncIO, Coordinator, Finished, Outcome, Threads
 
+from .io_trace import mark
+
 WORKER = "io_bench"
 WAIT_SECONDS = 0.3
 
@@ -51,7 +53,9 @@ class Done(Base):
 
 
 async def wait_async(call: Call, session: AsyncSession) -> Outcome:
+    mark("start", call.id)
     await asyncio.sleep(WAIT_SECONDS)
+    mark("ret", call.id)
     session.add(Done(call_id=call.id))
     return Finished()
 
@@ -59,7 +63,9 @@ async def wait_async(call: Call, session: AsyncSession) -> Outcome:
 def wait_sync(call: Call, session: Session) -> Outcome:
     call_id = call.id
     session.rollback()  # no transaction (on SQLite: no write lock) while it waits
+    mark("start", call_id)
     time.sleep(WAIT_SECONDS)
+    mark("ret", call_id)
     session.add(Done(call_id=call_id))
     return Finished()
 
