@@ -23,7 +23,11 @@ from typing import Any
 import pytest
 import uvicorn
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -106,12 +110,21 @@ def attacker_site(page: str) -> Iterator[str]:
         server.shutdown()
 
 
+#: What Chromium's driver says of an element found on a page that a navigation has
+#: just replaced (the same race as a stale element, reported otherwise).
+_REPLACED = "does not belong to the document"
+
+
 def page_text(driver: WebDriver) -> str:
     """The page's text; empty while a navigation replaces the page."""
     try:
         return str(driver.find_element(By.TAG_NAME, "body").text)
     except (StaleElementReferenceException, NoSuchElementException):
         return ""
+    except WebDriverException as exc:
+        if _REPLACED in str(exc.msg):
+            return ""
+        raise
 
 
 def shoot(driver: WebDriver, name: str, tmp_path: Path) -> None:
