@@ -47,7 +47,7 @@ class SourceLoader:
     def __init__(self, source: type[Any], pk: ColumnElement[Any]) -> None:
         mapper = inspect(source)
         self._orm = select(source).where(pk == bindparam(_KEY))
-        columns = _plain_columns(mapper)
+        columns = plain_columns(mapper)
         self._manager = mapper.class_manager
         self._direct = None if columns is None else select(*columns).where(pk == bindparam(_KEY))
         self._keys = [] if columns is None else [_attribute(mapper, c) for c in columns]
@@ -132,7 +132,7 @@ class SourceLoader:
         return conn.execute(statement, params).first()
 
 
-def _plain_columns(mapper: Mapper[Any]) -> list[Column[Any]] | None:
+def plain_columns(mapper: Mapper[Any]) -> list[Column[Any]] | None:
     """The table columns an instance of ``mapper`` is made from, or None when a load
     through the ORM would do more than read them (then only the ORM's load will do)."""
     table = mapper.local_table

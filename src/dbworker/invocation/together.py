@@ -22,7 +22,11 @@ connection; each parting's session joins it in a savepoint of its own, where its
 writes are flushed and an UNFINISH is recorded, fenced (a lost claim rolls back that
 savepoint only: ``LOST``); the FINISHes are recorded together before the COMMIT
 (``Dialect.finish_all``). A flush that raises is that handler's: its savepoint is
-rolled back and its failure recorded in another. When the transaction fails as a
+rolled back and its failure recorded in another. Where a parting's session holds only
+new objects of a plain mapping and nobody listens for its flush, they are written with
+Core INSERTs instead (``plain_inserts.py``), and the finished partings of a batch
+that write the same columns of one table in one statement, in a savepoint of its own:
+if it fails, each of them is written alone, as above. When the transaction fails as a
 whole (``finish_all`` matched fewer rows, so a claim was lost; the connection; the
 COMMIT), nothing of it is known to have committed, and each parting's invocation runs
 again alone from the start (its handler called again, as a group's items are), where
@@ -48,12 +52,14 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Insert, NestedTransaction
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..core.outcomes import Finished, Unfinished
-from ..core.tasks import Result, Task
+from ..core.policy import Ending, decide
+from ..core.tasks import Result, ResultKind, Task
 from ..dialects import Dialect, WorkerTable
 from .batches import AsyncBatches
 from .group import (
@@ -64,7 +70,8 @@ from .group import (
     record_failure_in,
     roll_back_item,
 )
-from .savepoints import driver_savepoints
+from .plain_inserts import PlainInserts
+from .savepoints import driver_savepoints, forget_kept, keep_next_savepoint
 from .session import HandlerSession
 from .turns import ENDING_AT_ONCE
 
@@ -92,21 +99,38 @@ def end_together(dialect: Dialect, conn: Connection, partings: Sequence[Parting]
     finishing: dict[int, tuple[WorkerTable, list[Task]]] = {}
     try:
         conn.begin()
-        for parting in partings:
+        planned = [(parting, _PLAIN.rows(parting.session)) for parting in partings]
+        ended: dict[int, Result] = {}
+        for group in _plain_groups(planned):
+            ended.update(_end_plain_group(conn, group, finishing))
+        for index, (parting, writes) in enumerate(planned):
+            if index in ended:
+                results.append(ended[index])
+                continue
             session = parting.session
             # It holds no connection: its flush joins this transaction, in a savepoint.
             session.bind = conn
             session.join_transaction_mode = "create_savepoint"
             _, finished = finishing.setdefault(id(parting.worker.table), (parting.worker, []))
             try:
-                result = end_in_savepoint(
-                    dialect, session, parting.task, parting.worker, conn, parting.outcome, finished
-                )
+                if writes is not None:
+                    result = _end_plainly(dialect, writes, parting, conn, finished)
+                else:
+                    result = end_in_savepoint(
+                        dialect,
+                        session,
+                        parting.task,
+                        parting.worker,
+                        conn,
+                        parting.outcome,
+                        finished,
+                    )
             except GroupBroken:
                 raise
             except Exception as exc:
                 session._dbworker_guarded = False
-                roll_back_item(session)
+                if writes is None:  # a plain ending rolled its savepoint back already
+                    roll_back_item(session)
                 result = record_failure_in(dialect, parting.task, parting.worker, conn, exc)
             results.append(result)
         for worker, tasks in finishing.values():
@@ -119,6 +143,106 @@ def end_together(dialect: Dialect, conn: Connection, partings: Sequence[Parting]
             conn.rollback()
         raise
     return results
+
+
+#: Partings whose writes go in one statement: (their index in the batch, the parting,
+#: its rows), all with the same INSERT and the same columns.
+_PlainGroup = tuple[Insert, list[tuple[int, Parting, list[dict[str, Any]]]]]
+
+
+def _plain_groups(
+    planned: Sequence[tuple[Parting, tuple[Insert, list[dict[str, Any]]] | None]],
+) -> list[_PlainGroup]:
+    """The finished partings of a batch whose writes are plain inserts, by statement and
+    columns: each group's rows go in one executemany (two at least)."""
+    groups: dict[tuple[int, tuple[str, ...]], _PlainGroup] = {}
+    for index, (parting, writes) in enumerate(planned):
+        if writes is None or not isinstance(parting.outcome, Finished):
+            continue
+        statement, rows = writes
+        columns = {tuple(sorted(row)) for row in rows}
+        if len(columns) != 1:
+            continue
+        key = (id(statement), columns.pop())
+        groups.setdefault(key, (statement, []))[1].append((index, parting, rows))
+    return [group for group in groups.values() if len(group[1]) > 1]
+
+
+def _end_plain_group(
+    conn: Connection,
+    group: _PlainGroup,
+    finishing: dict[int, tuple[WorkerTable, list[Task]]],
+) -> dict[int, Result]:
+    """Write a group's rows in one statement, in a savepoint of their own: their
+    results by index. If it fails (one row's constraint, say), the savepoint is rolled
+    back and nothing is ended here: each parting then ends alone, where a failure is
+    its own."""
+    statement, members = group
+    savepoint = conn.begin_nested()
+    try:
+        conn.execute(statement, [row for _, _, rows in members for row in rows])
+    except Exception:
+        _roll_back(savepoint)
+        return {}
+    keep_next_savepoint(conn)
+    try:
+        savepoint.commit()
+    finally:
+        forget_kept(conn)
+    ended: dict[int, Result] = {}
+    for index, parting, _ in members:
+        _, finished = finishing.setdefault(id(parting.worker.table), (parting.worker, []))
+        finished.append(parting.task)
+        ended[index] = Result(parting.task.key, ResultKind.FINISHED)
+    return ended
+
+
+def _end_plainly(
+    dialect: Dialect,
+    writes: tuple[Insert, list[dict[str, Any]]],
+    parting: Parting,
+    conn: Connection,
+    finished: list[Task],
+) -> Result:
+    """``end_in_savepoint`` for a parting whose writes are plain inserts
+    (``plain_inserts.py``): they run in a savepoint of their own, with an UNFINISH
+    fenced there; a FINISH is left to ``finished``. An exception is the item's, its
+    savepoint rolled back already."""
+    task = parting.task
+    statement, rows = writes
+    savepoint = conn.begin_nested()
+    try:
+        for row in rows:
+            conn.execute(statement, row)
+        if isinstance(parting.outcome, Unfinished):
+            decision = decide(Ending.UNFINISHED, delay=parting.outcome.delay)
+            if not dialect.record(conn, parting.worker, task.source_id, task.token, decision):
+                _roll_back(savepoint)
+                return Result(task.key, ResultKind.LOST)
+    except BaseException:
+        _roll_back(savepoint)
+        raise
+    # Left unreleased, as a flushed session's: the batch's COMMIT ends it.
+    keep_next_savepoint(conn)
+    try:
+        savepoint.commit()
+    finally:
+        forget_kept(conn)
+    if isinstance(parting.outcome, Unfinished):
+        return Result(task.key, ResultKind.UNFINISHED)
+    finished.append(task)
+    return Result(task.key, ResultKind.FINISHED)
+
+
+def _roll_back(savepoint: NestedTransaction) -> None:
+    try:
+        savepoint.rollback()
+    except Exception as exc:  # the batch's transaction is gone (see roll_back_item)
+        raise GroupBroken() from exc
+
+
+#: Which mappings' new objects a parting's ending inserts without the ORM's flush.
+_PLAIN = PlainInserts()
 
 
 def _settle(batch: Sequence[Parting], results: Sequence[Result] | None) -> None:
