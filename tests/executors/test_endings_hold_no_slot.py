@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from dbworker.core.tasks import Result, ResultKind, Task, task_message, task_payload
+from dbworker.core.timing import AHEAD_PER_SLOT
 from dbworker.executors import multiplexed
 from dbworker.executors.children import Child
 from dbworker.executors.multiplexed import MultiplexedPool
@@ -58,7 +59,7 @@ def _receive(executor: MultiplexedPool, child: Child, message: Any) -> list[Resu
     return results
 
 
-CLAIMED_AHEAD = multiplexed.AHEAD_PER_SLOT * ROOM
+CLAIMED_AHEAD = AHEAD_PER_SLOT * ROOM
 
 
 def test_tasks_started_while_endings_commit_leave_room_to_claim_ahead(pool: Any) -> None:

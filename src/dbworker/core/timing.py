@@ -11,6 +11,15 @@ from .errors import ConfigurationError
 #: Renew a held claim when a third of its lease has passed, so two renewals can
 #: fail (a slow query, a brief outage) before the lease runs out.
 RENEW_FRACTION = 1 / 3
+#: At most this many tasks claimed ahead per slot of the threads and asyncio executors
+#: (``executors.multiplexed``), whose handler processes read their rows meanwhile
+#: (``invocation.reading``). With one, a wave of I/O-bound handlers left part of the
+#: next wave unclaimed: its handlers' starts reach the scheduler in two or three
+#: bursts, and it tops the tasks up only once half their room is free (one claim for
+#: many), so the rest of the room waited for the next wave, whose slots then waited
+#: for a claim (``benchmarks.io``: 17-24 of 50 slots started 5-10 ms late at every
+#: wave).
+AHEAD_PER_SLOT = 2
 
 
 def require_positive(name: str, value: object) -> float:

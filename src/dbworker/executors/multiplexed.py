@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..core.tasks import Result, ResultKind, Task, TaskKey, task_message, task_payload
+from ..core.timing import AHEAD_PER_SLOT
 from .base import ConcurrentRunner, Executor
 from .children import Child, Children, ProcessHandle, start_process
 from .interpreter import start_handler
@@ -68,13 +69,6 @@ CANCEL_GRACE_SECONDS = 1.0
 #: 34 of the next wave's 50 ahead: the other 16 slots waited ~110-150 ms for results to
 #: reach the scheduler and a claim to come back.
 CLAIM_AHEAD_SECONDS = 1.0
-#: At most this many tasks claimed ahead per slot. With one, a wave of I/O-bound
-#: handlers left part of the next wave unclaimed: its handlers' starts reach the
-#: scheduler in two or three bursts, and it tops the tasks up only once half their
-#: room is free (one claim for many), so the rest of the room waited for the next
-#: wave, whose slots then waited for a claim (``benchmarks.io``: 17-24 of 50 slots
-#: started 5-10 ms late at every wave).
-AHEAD_PER_SLOT = 2
 
 
 def shares(total: int, processes: int) -> list[int]:

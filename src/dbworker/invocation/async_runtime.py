@@ -28,12 +28,12 @@ from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
 from ..core.policy import FINISHED, Decision, Ending, decide
 from ..core.tasks import ErrorInfo, Result, ResultKind, Task, TaskKey
+from ..core.timing import AHEAD_PER_SLOT
 from ..dialects import Dialect, WorkerTable, for_engine
-from ..dialects.terms import READ_ONLY_OPTION
 from .connections import pool_options
 from .failures import HandlerFailure
 from .loading import SourceLoader
-from .reading import READS_AT_ONCE, AsyncReads
+from .reading import READS_AT_ONCE, AsyncReads, reading_options
 from .runtime import KEPT_AFTER, ChildConfig, worker_table
 from .session import HandlerSession
 from .together import AsyncPartings, Parting
@@ -53,11 +53,6 @@ ASYNC_DRIVERS = {
     "mysql": ("aiomysql", "async"),
     "mariadb": ("aiomysql", "async"),
 }
-
-
-#: Rows read ahead at most, per slot: as many tasks as the coordinator claims ahead
-#: (``executors.multiplexed.AHEAD_PER_SLOT``).
-READ_AHEAD_PER_SLOT = 2
 
 
 def async_url(url: str | URL, driver: str | None = None) -> URL:
@@ -367,7 +362,7 @@ class AsyncRuntime:
         read apart at the start sees it (a statement of its own, before the
         handler's transaction), only earlier: at most ``CLAIM_AHEAD_SECONDS``, what
         the coordinator claims ahead for (``executors.multiplexed``)."""
-        if task.key in self._ahead or len(self._ahead) >= READ_AHEAD_PER_SLOT * self.capacity:
+        if task.key in self._ahead or len(self._ahead) >= AHEAD_PER_SLOT * self.capacity:
             return
         worker = self.prepare(task.worker, task.source, task.keyed)
         session = _handler_session()
@@ -413,10 +408,7 @@ class AsyncRuntime:
             with contextlib.suppress(Exception):
                 await read.close()
         read = await self.engine.connect()
-        options: dict[str, Any] = {READ_ONLY_OPTION: True}
-        if not self.dialect.source_read_apart:
-            options["isolation_level"] = "AUTOCOMMIT"
-        await read.execution_options(**options)
+        await read.execution_options(**reading_options(self.dialect))
         return read, False
 
     async def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy import Connection
 
@@ -52,7 +52,7 @@ from ..core.policy import Ending, decide
 from ..core.tasks import Result, ResultKind, Task, TaskKey
 from ..dialects import Dialect, WorkerTable
 from .failures import HandlerFailure
-from .savepoints import driver_savepoints, forget_kept, keep_next_savepoint
+from .savepoints import commit_kept, driver_savepoints
 from .session import HandlerSession
 
 if TYPE_CHECKING:
@@ -221,21 +221,20 @@ def end_in_savepoint(
             roll_back_item(session)
             return Result(task.key, ResultKind.LOST)
     session._dbworker_guarded = False
-    # Its savepoint is left unreleased: it commits with the group, and a later
-    # item's rollback goes back to that item's own, newer savepoint.
-    keep_next_savepoint(conn)
-    try:
-        session.commit()
-    finally:
-        forget_kept(conn)
+    commit_kept(conn, session.commit)
     return Result(task.key, kind)
 
 
-def roll_back_item(session: HandlerSession) -> None:
-    """Roll the item's savepoint back; if that fails, the group's transaction is gone
-    (MariaDB rolls a deadlock's whole transaction back, savepoints included)."""
+class _RollsBack(Protocol):
+    def rollback(self) -> None: ...
+
+
+def roll_back_item(item: _RollsBack) -> None:
+    """Roll the item's savepoint back (its session's, or the ``NestedTransaction``
+    itself); if that fails, the group's transaction is gone (MariaDB rolls a
+    deadlock's whole transaction back, savepoints included)."""
     try:
-        session.rollback()
+        item.rollback()
     except Exception as exc:
         raise GroupBroken() from exc
 
@@ -254,10 +253,7 @@ def record_failure_in(
             conn, worker, task.source_id, task.token, failure.decision, failure.info
         )
     except Exception as db_exc:  # the coordinator will record it instead
-        try:
-            savepoint.rollback()
-        except Exception as broken:
-            raise GroupBroken() from broken
+        roll_back_item(savepoint)
         return failure.unrecorded(db_exc)
     savepoint.commit()
     return failure.written(done)

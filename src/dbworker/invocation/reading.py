@@ -28,6 +28,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
 from ..core.tasks import Task, TaskKey
+from ..dialects import Dialect
+from ..dialects.terms import READ_ONLY_OPTION
 from .batches import AsyncBatches
 from .loading import SourceLoader
 
@@ -45,6 +47,15 @@ class _Wanted:
     found: Any = None
     error: BaseException | None = None
     ended: bool = False
+
+
+def reading_options(dialect: Dialect) -> dict[str, Any]:
+    """Execution options of a connection kept for reading rows apart: read-only, and
+    each statement committing by itself unless the dialect reads apart already."""
+    options: dict[str, Any] = {READ_ONLY_OPTION: True}
+    if not dialect.source_read_apart:
+        options["isolation_level"] = "AUTOCOMMIT"
+    return options
 
 
 class AsyncReads:

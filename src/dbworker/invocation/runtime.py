@@ -21,12 +21,12 @@ from ..core.outcomes import Finished, Unfinished
 from ..core.policy import FINISHED, Ending, decide
 from ..core.tasks import Result, ResultKind, Task, TaskKey
 from ..dialects import Dialect, WorkerTable, for_engine
-from ..dialects.terms import NEVER_ISSUED_TOKEN, READ_ONLY_OPTION
+from ..dialects.terms import NEVER_ISSUED_TOKEN
 from ..schema import detached_table
 from .connections import HeldConnections
 from .failures import HandlerFailure
 from .loading import SourceLoader
-from .reading import ThreadReads
+from .reading import ThreadReads, reading_options
 from .session import HandlerSession
 from .together import Parting, ThreadEndings
 from .turns import ENDING_AT_ONCE, ENDING_TURN_WAIT, EndingTurns
@@ -100,10 +100,7 @@ class Runtime:
 
     def _reading_connection(self) -> Connection:
         conn = self.engine.connect()
-        options: dict[str, Any] = {READ_ONLY_OPTION: True}
-        if not self.dialect.source_read_apart:
-            options["isolation_level"] = "AUTOCOMMIT"
-        conn.execution_options(**options)
+        conn.execution_options(**reading_options(self.dialect))
         return conn
 
     def _task_loader(self, task: Task) -> SourceLoader:

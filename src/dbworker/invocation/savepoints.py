@@ -68,3 +68,14 @@ def keep_next_savepoint(connection: Connection) -> None:
 def forget_kept(connection: Connection) -> None:
     """Whatever happened, no RELEASE is left out later by mistake."""
     connection.info.pop(_KEEP, None)
+
+
+def commit_kept(connection: Connection, commit: Callable[[], None]) -> None:
+    """``commit`` a savepoint on ``connection`` (a session's, or a ``NestedTransaction``'s)
+    without releasing it: it commits with its group's transaction, and a later item's
+    rollback goes back to that item's own, newer savepoint."""
+    keep_next_savepoint(connection)
+    try:
+        commit()
+    finally:
+        forget_kept(connection)

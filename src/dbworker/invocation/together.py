@@ -54,7 +54,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Insert, NestedTransaction
+from sqlalchemy import Connection, Insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..core.outcomes import Finished, Unfinished
@@ -71,7 +71,7 @@ from .group import (
     roll_back_item,
 )
 from .plain_inserts import PlainInserts
-from .savepoints import driver_savepoints, forget_kept, keep_next_savepoint
+from .savepoints import commit_kept, driver_savepoints
 from .session import HandlerSession
 from .turns import ENDING_AT_ONCE
 
@@ -182,13 +182,9 @@ def _end_plain_group(
     try:
         conn.execute(statement, [row for _, _, rows in members for row in rows])
     except Exception:
-        _roll_back(savepoint)
+        roll_back_item(savepoint)
         return {}
-    keep_next_savepoint(conn)
-    try:
-        savepoint.commit()
-    finally:
-        forget_kept(conn)
+    commit_kept(conn, savepoint.commit)
     ended: dict[int, Result] = {}
     for index, parting, _ in members:
         _, finished = finishing.setdefault(id(parting.worker.table), (parting.worker, []))
@@ -217,28 +213,16 @@ def _end_plainly(
         if isinstance(parting.outcome, Unfinished):
             decision = decide(Ending.UNFINISHED, delay=parting.outcome.delay)
             if not dialect.record(conn, parting.worker, task.source_id, task.token, decision):
-                _roll_back(savepoint)
+                roll_back_item(savepoint)
                 return Result(task.key, ResultKind.LOST)
     except BaseException:
-        _roll_back(savepoint)
+        roll_back_item(savepoint)
         raise
-    # Left unreleased, as a flushed session's: the batch's COMMIT ends it.
-    keep_next_savepoint(conn)
-    try:
-        savepoint.commit()
-    finally:
-        forget_kept(conn)
+    commit_kept(conn, savepoint.commit)  # as a flushed session's: the COMMIT ends it
     if isinstance(parting.outcome, Unfinished):
         return Result(task.key, ResultKind.UNFINISHED)
     finished.append(task)
     return Result(task.key, ResultKind.FINISHED)
-
-
-def _roll_back(savepoint: NestedTransaction) -> None:
-    try:
-        savepoint.rollback()
-    except Exception as exc:  # the batch's transaction is gone (see roll_back_item)
-        raise GroupBroken() from exc
 
 
 #: Which mappings' new objects a parting's ending inserts without the ORM's flush.
