@@ -19,7 +19,7 @@ import pytest
 
 from dbworker.core.tasks import Result, ResultKind, Task, task_message, task_payload
 from dbworker.core.timing import AHEAD_PER_SLOT
-from dbworker.executors import multiplexed
+from dbworker.executors import multiplexed, multiplexed_child
 from dbworker.executors.children import Child
 from dbworker.executors.multiplexed import MultiplexedPool
 from dbworker.executors.multiplexed_child import (
@@ -81,6 +81,18 @@ def test_tasks_started_while_endings_commit_leave_room_to_claim_ahead(pool: Any)
     assert executor.free_slots() == ROOM
 
 
+def test_idle_slots_are_claimed_for_before_the_tasks_ahead(pool: Any) -> None:
+    """After a quiet spell, the claim is for the idle slots alone: claimed with the
+    tasks ahead, the first wave waited for the claim, the dispatch and the reads of
+    two more; the scheduler claims those in its next pass."""
+    executor, _child = pool
+    assert executor.free_slots() == ROOM
+    executor.submit_all([_task(n) for n in range(ROOM - 1)])
+    assert executor.free_slots() == 1, "a slot is idle: it alone is claimed for"
+    executor.submit_all([_task(ROOM - 1)])
+    assert executor.free_slots() == CLAIMED_AHEAD
+
+
 def test_a_wave_whose_starts_come_in_bursts_leaves_the_next_wave_claimed_ahead(
     pool: Any,
 ) -> None:
@@ -93,7 +105,8 @@ def test_a_wave_whose_starts_come_in_bursts_leaves_the_next_wave_claimed_ahead(
     def claim() -> None:
         executor.submit_all([_task(next(numbers)) for _ in range(executor.free_slots())])
 
-    claim()  # the first wave, and the tasks ahead
+    claim()  # the first wave
+    claim()  # the tasks ahead, in the scheduler's next pass
     for _wave in range(3):
         waiting = [t for t in child.tasks if t.key in executor._queued]
         assert len(waiting) >= ROOM, "a slot would wait for a claim at this wave"
@@ -226,6 +239,7 @@ class _ThreadsRunner:
         self.release = threading.Event()
         self.started: list[int] = []
         self.prepared: list[int] = []
+        self.starting: list[int] = []
         self.forgotten: list[Any] = []
 
     def run_later(self, task: Task, later: Any) -> Result:
@@ -235,6 +249,9 @@ class _ThreadsRunner:
 
     def prepare_waiting(self, task: Task) -> None:
         self.prepared.append(task.source_id)
+
+    def prepare_start(self, task: Task) -> None:
+        self.starting.append(task.source_id)
 
     def forget_waiting(self, key: Any) -> None:
         self.forgotten.append(key)
@@ -264,6 +281,7 @@ def test_threads_a_task_sent_ahead_is_prepared_and_forgotten_once_withdrawn() ->
             time.sleep(0.01)
         assert runner.started == [1]
         assert runner.prepared == [2, 3], "only those sent ahead"
+        assert runner.starting == [1], "the one that starts at once reads with others"
         assert runner.forgotten == [third.key]
     finally:
         runner.release.set()
@@ -271,3 +289,30 @@ def test_threads_a_task_sent_ahead_is_prepared_and_forgotten_once_withdrawn() ->
         serving.join(timeout=30)
         parent.close()
         child_end.close()
+
+
+def test_threads_messages_put_while_one_is_written_go_in_one_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The threads' starts and results go through one sending thread: what they put
+    while it writes goes in its next write; once closed, each is written at once."""
+    written: list[Any] = []
+    writing = threading.Event()
+    go = threading.Event()
+
+    def fake_send(conn: Any, message: Any) -> None:
+        writing.set()
+        assert go.wait(timeout=30)
+        written.append(message)
+
+    monkeypatch.setattr(multiplexed_child, "send", fake_send)
+    outbox = multiplexed_child._ThreadsOutbox(None)  # type: ignore[arg-type]
+    outbox.put("first")
+    assert writing.wait(timeout=30)
+    outbox.put("second")
+    outbox.put("third")
+    go.set()
+    outbox.close()
+    assert written == ["first", (TOGETHER, ["second", "third"])]
+    outbox.put("after")
+    assert written[-1] == "after"

@@ -282,3 +282,49 @@ class _StubConnection:
 
     def close(self) -> None:
         pass
+
+
+def test_threads_a_starting_task_waits_for_its_read_which_goes_first_and_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task that starts at once is read by the reading thread, not by its own (it
+    waits for that read even before it is under way), before the reads of tasks
+    that wait for a thread and in a statement without them."""
+    from dbworker.invocation import reading
+
+    go = threading.Event()
+    batches: list[list[Any]] = []
+
+    def read_all(read: Any, batch: Any) -> None:
+        assert go.wait(timeout=30)
+        batches.append([wanted.source_id for wanted in batch])
+        for wanted in batch:
+            wanted.found = f"row {wanted.source_id}"
+
+    monkeypatch.setattr(reading, "_read_all", read_all)
+    reads = reading.ThreadReads(_StubConnection, lambda task: None)  # type: ignore[arg-type,return-value]
+    busy, waiting, starting = _thread_task(1), _thread_task(2), _thread_task(3)
+    try:
+        reads.add(busy, Session())  # under way, holding the reading thread
+        deadline = time.monotonic() + 30
+        while reads._queued:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        reads.add(waiting, Session())
+        reads.add(starting, Session(), starting=True)
+        taken: list[Any] = []
+        taker = threading.Thread(target=lambda: taken.append(reads.take(starting.key)))
+        taker.start()
+        time.sleep(0.05)
+        assert taker.is_alive(), "it waits for the reading thread instead of reading"
+        go.set()
+        taker.join(timeout=30)
+        assert taken and taken[0] is not None and taken[0][1] == "row 3"
+        deadline = time.monotonic() + 30
+        while len(batches) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert batches == [[1], [3], [2]], "the starting read first, alone"
+    finally:
+        go.set()
+        reads.close()

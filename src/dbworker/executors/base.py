@@ -64,6 +64,10 @@ class ConcurrentRunner(Runner, Protocol):
         loop): what its start needs may be fetched now (its row read), so that it
         starts at once when one frees."""
 
+    def prepare_start(self, task: Task) -> None:
+        """``task`` starts at once on a thread: what its start needs may be fetched
+        with that of others arriving together (their rows read in one statement)."""
+
     def forget_waiting(self, key: TaskKey) -> None:
         """A task ``prepare_waiting`` was given will not start here (it was withdrawn)."""
 

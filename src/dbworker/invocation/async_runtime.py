@@ -33,7 +33,7 @@ from ..dialects import Dialect, WorkerTable, for_engine
 from .connections import pool_options
 from .failures import HandlerFailure
 from .loading import SourceLoader
-from .reading import READS_AT_ONCE, AsyncReads, reading_options
+from .reading import READS_AT_ONCE, AsyncReads, Wanted, reading_options
 from .runtime import KEPT_AFTER, ChildConfig, worker_table
 from .session import HandlerSession
 from .together import AsyncPartings, Parting
@@ -366,14 +366,17 @@ class AsyncRuntime:
             return
         worker = self.prepare(task.worker, task.source, task.keyed)
         session = _handler_session()
-        read = asyncio.get_running_loop().create_task(self._load_apart(session, task, worker))
+        loader = self._loader(task.source, worker)
+        wanted = self.reads.want(loader, session.sync_session, task.source_id, ahead=True)
+        read = asyncio.get_running_loop().create_task(self.reads.result(wanted))
         read.add_done_callback(_retrieved)
-        self._ahead[task.key] = _ReadAhead(session, read)
+        self._ahead[task.key] = _ReadAhead(session, read, wanted)
 
     def forget_ahead(self, key: TaskKey) -> None:
         """The task ``key`` was withdrawn before it started: its read is not wanted."""
         early = self._ahead.pop(key, None)
         if early is not None:
+            self.reads.drop(early.wanted)
             early.read.cancel()
 
     async def _read_first(
@@ -383,6 +386,7 @@ class AsyncRuntime:
         now in ``session``. A read ahead that failed or found no row is done again."""
         early = self._ahead.pop(task.key, None)
         if early is not None:
+            self.reads.hurry(early.wanted)
             with contextlib.suppress(Exception):
                 source = await early.read
                 if source is not None:
@@ -452,6 +456,7 @@ class _ReadAhead:
 
     session: AsyncSession
     read: asyncio.Task[Any]
+    wanted: Wanted
 
 
 def _handler_session() -> AsyncSession:

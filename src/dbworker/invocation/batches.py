@@ -7,6 +7,11 @@ one: a task of its own (cancelling an item's waiter never interrupts a batch), w
 takes up to ``most`` waiting items at a time and runs ``run_batch`` on them until
 none wait. ``run_batch`` settles each item it took (sets its ``ended``), even when it
 fails. ``wait`` returns once an item is settled.
+
+An item added ``later`` (a read for a task that waits for a slot) goes after every
+other, and only in a batch that runs alone: it never takes the place, nor shares the
+statement or the loop's time, of an item something waits on now (a handler's start).
+``hurry`` makes it one of those once something does.
 """
 
 from __future__ import annotations
@@ -33,14 +38,31 @@ class AsyncBatches(Generic[T]):
         self._at_once = at_once
         self._most = most
         self.waiting: collections.deque[T] = collections.deque()
+        self.later: collections.deque[T] = collections.deque()
         self._ended: asyncio.Event | None = None
         #: Batches under way, counted in the same step as a batch's last look at
         #: ``waiting`` (a task's done callback would come a pass of the loop later).
         self._active = 0
         self._runs: set[asyncio.Task[None]] = set()
 
-    def add(self, item: T) -> None:
-        self.waiting.append(item)
+    def add(self, item: T, *, later: bool = False) -> None:
+        (self.later if later else self.waiting).append(item)
+        self._start()
+
+    def hurry(self, item: T) -> None:
+        """``item``, if added ``later`` and still waiting, goes with the others."""
+        if item in self.later:
+            self.later.remove(item)
+            self.waiting.append(item)
+            self._start()
+
+    def drop(self, item: T) -> None:
+        """``item`` is no longer wanted: it leaves the queue if no batch took it yet."""
+        for queue in (self.waiting, self.later):
+            if item in queue:
+                queue.remove(item)
+
+    def _start(self) -> None:
         if self._active < self._at_once:
             self._active += 1
             run = asyncio.get_running_loop().create_task(self._run())
@@ -54,8 +76,8 @@ class AsyncBatches(Generic[T]):
         try:
             await self._settled(item)
         except asyncio.CancelledError:
-            if item in self.waiting:
-                self.waiting.remove(item)
+            if item in self.waiting or item in self.later:
+                self.drop(item)
             elif settle_first:
                 while not item.ended:
                     with contextlib.suppress(asyncio.CancelledError):
@@ -70,9 +92,14 @@ class AsyncBatches(Generic[T]):
 
     async def _run(self) -> None:
         try:
-            while self.waiting:
-                count = min(len(self.waiting), self._most)
-                batch = [self.waiting.popleft() for _ in range(count)]
+            while self.waiting or self.later:
+                queue = self.waiting
+                if not queue:
+                    if self._active > 1:
+                        return  # the batch under way takes them after its own
+                    queue = self.later
+                count = min(len(queue), self._most)
+                batch = [queue.popleft() for _ in range(count)]
                 try:
                     await self._run_batch(batch)
                 finally:

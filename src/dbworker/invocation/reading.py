@@ -40,7 +40,7 @@ READ_MAX_ROWS = 100
 
 
 @dataclass(eq=False, slots=True)
-class _Wanted:
+class Wanted:
     loader: SourceLoader
     session: Session
     source_id: Any
@@ -68,20 +68,40 @@ class AsyncReads:
     ) -> None:
         self._reader = reader
         self._keep = keep
-        self._batches: AsyncBatches[_Wanted] = AsyncBatches(
+        self._batches: AsyncBatches[Wanted] = AsyncBatches(
             self._read_batch, READS_AT_ONCE, READ_MAX_ROWS
         )
 
     async def load(self, loader: SourceLoader, session: Session, source_id: Any) -> Any:
         """The row ``source_id`` as ``session`` holds it (None if it is gone)."""
-        wanted = _Wanted(loader, session, source_id)
-        self._batches.add(wanted)
+        return await self.result(self.want(loader, session, source_id))
+
+    def want(
+        self, loader: SourceLoader, session: Session, source_id: Any, *, ahead: bool = False
+    ) -> Wanted:
+        """Queue the read of ``source_id`` into ``session``; ``result`` waits for it.
+        ``ahead``: for a task that waits for a slot, read after the reads of tasks
+        starting now, which it would delay (a wave after a quiet spell waited for the
+        reads of the next two besides its own), until ``hurry``."""
+        wanted = Wanted(loader, session, source_id)
+        self._batches.add(wanted, later=ahead)
+        return wanted
+
+    def hurry(self, wanted: Wanted) -> None:
+        """The read ``wanted`` (queued ``ahead``) is now for a task starting."""
+        self._batches.hurry(wanted)
+
+    def drop(self, wanted: Wanted) -> None:
+        """The read ``wanted`` is not wanted any more (unless a batch took it already)."""
+        self._batches.drop(wanted)
+
+    async def result(self, wanted: Wanted) -> Any:
         await self._batches.wait(wanted, settle_first=False)
         if wanted.error is not None:
             raise wanted.error
         return wanted.found
 
-    async def _read_batch(self, batch: list[_Wanted]) -> None:
+    async def _read_batch(self, batch: list[Wanted]) -> None:
         try:
             await self._read(batch)
         except Exception as exc:
@@ -91,7 +111,7 @@ class AsyncReads:
             for wanted in batch:
                 wanted.ended = True
 
-    async def _read(self, batch: list[_Wanted]) -> None:
+    async def _read(self, batch: list[Wanted]) -> None:
         for attempt in range(2):
             read, kept = await self._reader()
             try:
@@ -124,7 +144,12 @@ class ThreadReads:
     on PostgreSQL and MariaDB), and a wave of 50 threads starting together queued
     for the GIL: the last started 30-40 ms after the first (``benchmarks.io``). Read
     ahead, a start sends nothing, and a handler that sends no statement holds no
-    transaction, so its ending goes with others' (``together.py``)."""
+    transaction, so its ending goes with others' (``together.py``).
+
+    A task that starts at once is added ``starting``: its thread waits for the read,
+    which goes before those of waiting tasks and without them. Each thread of a wave
+    that started after a quiet spell read its own row, and the wave's starts spread
+    over 27-40 ms (``benchmarks.io``)."""
 
     def __init__(
         self, connect: Callable[[], Connection], loader: Callable[[Task], SourceLoader]
@@ -132,20 +157,21 @@ class ThreadReads:
         self._connect = connect
         self._loader = loader
         self._changed = threading.Condition()
-        self._queued: collections.deque[_Wanted] = collections.deque()
-        self._wanted: dict[TaskKey, _Wanted] = {}
+        self._queued: collections.deque[Wanted] = collections.deque()
+        self._starting: collections.deque[Wanted] = collections.deque()
+        self._wanted: dict[TaskKey, Wanted] = {}
         self._thread: threading.Thread | None = None
         self._read: Connection | None = None
         self._closed = False
 
-    def add(self, task: Task, session: Session) -> None:
+    def add(self, task: Task, session: Session, *, starting: bool = False) -> None:
         """Read ``task``'s row into ``session`` (an unbound handler's session)."""
         with self._changed:
             if self._closed or task.key in self._wanted:
                 return
-            wanted = _Wanted(self._loader(task), session, task.source_id)
+            wanted = Wanted(self._loader(task), session, task.source_id)
             self._wanted[task.key] = wanted
-            self._queued.append(wanted)
+            (self._starting if starting else self._queued).append(wanted)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._serve, name="dbworker-reads", daemon=True
@@ -163,6 +189,7 @@ class ThreadReads:
             if wanted in self._queued:  # not read yet: the thread reads it now itself
                 self._queued.remove(wanted)
                 return None
+            # Under way, or starting: read next, before anything waiting.
             while not wanted.ended:
                 self._changed.wait()
         if wanted.error is not None or wanted.found is None:
@@ -173,18 +200,19 @@ class ThreadReads:
         """The task ``key`` will not start here: its read is not wanted."""
         with self._changed:
             wanted = self._wanted.pop(key, None)
-            if wanted is not None and wanted in self._queued:
-                self._queued.remove(wanted)
+            for queue in (self._starting, self._queued):
+                if wanted is not None and wanted in queue:
+                    queue.remove(wanted)
 
     def _serve(self) -> None:
         while True:
             with self._changed:
-                while not self._queued and not self._closed:
+                while not (self._starting or self._queued) and not self._closed:
                     self._changed.wait()
                 if self._closed:
                     return
-                count = min(len(self._queued), READ_MAX_ROWS)
-                batch = [self._queued.popleft() for _ in range(count)]
+                queue = self._starting or self._queued
+                batch = [queue.popleft() for _ in range(min(len(queue), READ_MAX_ROWS))]
             try:
                 if self._read is None:
                     self._read = self._connect()
@@ -209,6 +237,7 @@ class ThreadReads:
                 wanted.ended = True
             self._wanted.clear()
             self._queued.clear()
+            self._starting.clear()
             self._changed.notify_all()
             thread, self._thread = self._thread, None
         if thread is not None:
@@ -219,9 +248,9 @@ class ThreadReads:
             self._read = None
 
 
-def _read_all(read: Connection, batch: Sequence[_Wanted]) -> None:
+def _read_all(read: Connection, batch: Sequence[Wanted]) -> None:
     """Inside ``run_sync``: each source's rows in one statement where its mapping allows."""
-    by_loader: dict[int, list[_Wanted]] = {}
+    by_loader: dict[int, list[Wanted]] = {}
     for wanted in batch:
         by_loader.setdefault(id(wanted.loader), []).append(wanted)
     for group in by_loader.values():

@@ -175,6 +175,10 @@ class ProcessRunner:
         else:
             self.runtime.read_ahead(task)
 
+    def prepare_start(self, task: Task) -> None:
+        if self._async is None:  # the event loop's starts read together already
+            self.runtime.read_ahead(task, starting=True)
+
     def forget_waiting(self, key: TaskKey) -> None:
         if self._async is not None:
             self._async.forget_ahead(key)

@@ -88,11 +88,13 @@ class Runtime:
         if self.reads is None:
             self.reads = ThreadReads(self._reading_connection, self._task_loader)
 
-    def read_ahead(self, task: Task) -> None:
-        """Read ``task``'s row now: it waits for a thread (``ThreadReads``). Its handler
-        gets the row as read then, before its transaction, as on the event loop."""
+    def read_ahead(self, task: Task, starting: bool = False) -> None:
+        """Read ``task``'s row now: it waits for a thread, or (``starting``) one takes
+        it at once, and reads with others arriving together (``ThreadReads``). Its
+        handler gets the row as read then, before its transaction, as on the event
+        loop."""
         if self.reads is not None:
-            self.reads.add(task, HandlerSession(expire_on_commit=False))
+            self.reads.add(task, HandlerSession(expire_on_commit=False), starting=starting)
 
     def forget_ahead(self, key: TaskKey) -> None:
         if self.reads is not None:
