@@ -36,6 +36,14 @@ class FinishIgnoresToken(Dialect):
         return super().finish(conn, worker, source_id, token if current is None else current)
 
 
+class FinishAllIgnoresToken(Dialect):
+    """finish_all() finishes the ids of its pairs whoever holds them."""
+
+    def finish_all(self, conn: Connection, worker: WorkerTable, held: Sequence[Any]) -> int:
+        current = [(i, self.current_token(conn, worker, i) or t) for i, t in held]
+        return super().finish_all(conn, worker, current)
+
+
 class RenewIgnoresToken(Dialect):
     """renew() extends any WORKING lease, so a lost holder never finds out."""
 
@@ -504,6 +512,12 @@ BREAKAGES: tuple[Breakage, ...] = (
         mixin(FinishIgnoresToken),
         EVERYWHERE,
         ("stale_token_cannot_complete_or_renew", "completion_is_atomic"),
+    ),
+    Breakage(
+        "finish-all-ignores-token",
+        mixin(FinishAllIgnoresToken),
+        EVERYWHERE,
+        ("finish_all_matches_current_tokens",),
     ),
     Breakage(
         "renew-ignores-token",

@@ -39,6 +39,7 @@ from .discovery import (
 )
 from .fencing import (
     check_completion_is_atomic,
+    check_finish_all_matches_current_tokens,
     check_stale_token_cannot_complete_or_renew,
     check_takeover_after_lease_expiry,
 )
@@ -77,6 +78,7 @@ CHECKS: dict[str, Check] = {
     "takeover_after_lease_expiry": check_takeover_after_lease_expiry,
     "stale_token_cannot_complete_or_renew": check_stale_token_cannot_complete_or_renew,
     "completion_is_atomic": check_completion_is_atomic,
+    "finish_all_matches_current_tokens": check_finish_all_matches_current_tokens,
     "terminal_records_never_claimed": check_terminal_records_never_claimed,
     "reset_failed": check_reset_failed,
     "unfinish_delay": check_unfinish_delay,

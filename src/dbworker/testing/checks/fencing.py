@@ -137,3 +137,26 @@ def check_completion_is_atomic(make_dialect: DialectFactory, url: str) -> None:
         assert complete(b, new.token, "current") is True
         assert note_of(h, 1) == "current"
         assert status_of(h, h.items, 1) == Phase.FINISHED.value
+
+
+def check_finish_all_matches_current_tokens(make_dialect: DialectFactory, url: str) -> None:
+    """A group's FINISH in one statement (``finish_all``) finishes the pairs whose token
+    is current and counts them, whatever the count of pairs, and nothing else."""
+    with Harness(make_dialect, url) as h:
+        h.seed()
+        h.discover(h.items)
+        a, b = h.actor(), h.actor()
+        held = {source_id: h.claim_one(h.items, source_id, a).token for source_id in (1, 2, 3)}
+        h.clock.advance(LEASE + 1)
+        taken = h.claim_one(h.items, 2, b)
+        before = h.record(h.items, 2)
+        with a.begin():
+            matched = h.dialect.finish_all(a, h.items, sorted(held.items()))
+        assert matched == 2, f"two pairs were current, finish_all matched {matched}"
+        assert [status_of(h, h.items, i) for i in (1, 3)] == [Phase.FINISHED.value] * 2
+        assert h.record(h.items, 2) == before, "the pair with a stale token changed its record"
+        claims = [taken] + [h.claim_one(h.items, source_id, b) for source_id in (4, 5, 6, 7)]
+        with b.begin():
+            matched = h.dialect.finish_all(b, h.items, [(c.source_id, c.token) for c in claims])
+        assert matched == 5, f"five pairs were current, finish_all matched {matched}"
+        assert all(status_of(h, h.items, c.source_id) == Phase.FINISHED.value for c in claims)
