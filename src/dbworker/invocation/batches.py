@@ -39,7 +39,9 @@ class AsyncBatches(Generic[T]):
         self._most = most
         self.waiting: collections.deque[T] = collections.deque()
         self.later: collections.deque[T] = collections.deque()
-        self._ended: asyncio.Event | None = None
+        #: Who waits for each item (by id) to be settled. One ``asyncio.Event`` for
+        #: every batch woke every waiter at each batch's end (50 a wave, twice or more).
+        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         #: Batches under way, counted in the same step as a batch's last look at
         #: ``waiting`` (a task's done callback would come a pass of the loop later).
         self._active = 0
@@ -61,6 +63,7 @@ class AsyncBatches(Generic[T]):
         for queue in (self.waiting, self.later):
             if item in queue:
                 queue.remove(item)
+        self._waiters.pop(id(item), None)  # cancelled with its item, if any
 
     def _start(self) -> None:
         if self._active < self._at_once:
@@ -86,9 +89,9 @@ class AsyncBatches(Generic[T]):
 
     async def _settled(self, item: T) -> None:
         while not item.ended:
-            if self._ended is None:
-                self._ended = asyncio.Event()
-            await self._ended.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(id(item), []).append(waiter)
+            await waiter
 
     async def _run(self) -> None:
         try:
@@ -103,9 +106,10 @@ class AsyncBatches(Generic[T]):
                 try:
                     await self._run_batch(batch)
                 finally:
-                    ended, self._ended = self._ended, None
-                    if ended is not None:
-                        ended.set()
+                    for item in batch:
+                        for waiter in self._waiters.pop(id(item), ()):
+                            if not waiter.done():  # a cancelled waiter's is
+                                waiter.set_result(None)
         finally:
             self._active -= 1
 
