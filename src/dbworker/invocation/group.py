@@ -42,7 +42,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection
 
@@ -52,7 +52,7 @@ from ..core.policy import Ending, decide
 from ..core.tasks import Result, ResultKind, Task, TaskKey
 from ..dialects import Dialect, WorkerTable
 from .failures import HandlerFailure
-from .savepoints import commit_kept, driver_savepoints
+from .savepoints import commit_kept, driver_savepoints, savepoints_begun
 from .session import HandlerSession
 
 if TYPE_CHECKING:
@@ -117,8 +117,11 @@ def run_group(
     finished: list[Task] = []
     started = time.monotonic()
     ran = 0
+    read: dict[TaskKey, tuple[GroupedSession, Any]] = {}
     try:
         conn.begin()
+        savepoints_begun(conn, forget=True)
+        read = _read_rows(runtime, worker, conn, tasks[:GROUP_MAX_ITEMS])
         for task in tasks[:GROUP_MAX_ITEMS]:
             if pending and (
                 time.monotonic() - started > GROUP_SECONDS
@@ -129,7 +132,14 @@ def run_group(
                 break
             ran += 1
             began = time.monotonic()
-            result = _run_item(runtime, task, worker, conn, finished)
+            early = read.pop(task.key, None)
+            if early is not None and savepoints_begun(conn):
+                # An item before it sent statements (it began a savepoint), which may
+                # have changed this row: it is read again, after them.
+                runtime.writing.add(task.worker)
+                early[0].close()
+                early = None
+            result = _run_item(runtime, task, worker, conn, finished, early)
             if result is None:  # it released its transaction: it runs alone, later
                 ran -= 1
                 runtime.alone.add(task.worker)
@@ -147,6 +157,9 @@ def run_group(
     except BaseException:
         runtime.held.drop()
         raise
+    finally:
+        for session, _ in read.values():  # read for items the group stopped before
+            session.close()
     runtime.held.done()
     if not pending:  # the first released its transaction: the single path runs it
         return [runtime.run(first)]
@@ -154,17 +167,58 @@ def run_group(
     return [replace(result, duration=result.duration + share) for result in pending]
 
 
+def _session(conn: Connection) -> GroupedSession:
+    return GroupedSession(
+        bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False
+    )
+
+
+def _read_rows(
+    runtime: Runtime, worker: WorkerTable, conn: Connection, tasks: Sequence[Task]
+) -> dict[TaskKey, tuple[GroupedSession, Any]]:
+    """The rows of the items the group may run, read in one statement as it begins,
+    each into the session its item will get (task key -> session, row or None if
+    gone); empty if the mapping needs the ORM's load. Read by each item in its own
+    savepoint instead, a no-op handler's item cost two round trips (the SAVEPOINT
+    and the SELECT) and now costs none: its savepoint begins with the handler's
+    first statement, if any. The row is at most ``GROUP_SECONDS`` older, read in the
+    same transaction. Once an item has sent statements (which may have written a later
+    item's row), the later items read theirs again, and the worker's groups read by
+    item from then on (``Runtime.writing``)."""
+    first = tasks[0]
+    if first.worker in runtime.writing:
+        return {}
+    same = [task for task in tasks if task.worker == first.worker]
+    sessions = [_session(conn) for _ in same]
+    wanted = [(session, task.source_id) for session, task in zip(sessions, same, strict=True)]
+    found = runtime.load_many(wanted, worker, first.source, conn)
+    if found is None:
+        for session in sessions:
+            session.close()
+        return {}
+    return {
+        task.key: (session, row) for task, session, row in zip(same, sessions, found, strict=True)
+    }
+
+
 def _run_item(
-    runtime: Runtime, task: Task, worker: WorkerTable, conn: Connection, finished: list[Task]
+    runtime: Runtime,
+    task: Task,
+    worker: WorkerTable,
+    conn: Connection,
+    finished: list[Task],
+    read: tuple[GroupedSession, Any] | None = None,
 ) -> Result | None:
     """One item in its own savepoint of the group's transaction on ``conn``; None if
     its handler released its transaction (nothing of it is left). A finished item is
-    added to ``finished``, to be recorded with the others before the COMMIT."""
-    with GroupedSession(
-        bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False
-    ) as session:
+    added to ``finished``, to be recorded with the others before the COMMIT.
+    ``read``: its session and row, read with the group's (``_read_rows``)."""
+    with read[0] if read is not None else _session(conn) as session:
         try:
-            source = runtime.load(session, worker, task.source, task.source_id)
+            if read is not None:
+                source = read[1]
+            else:
+                source = runtime.load(session, worker, task.source, task.source_id)
             session._dbworker_guarded = True
             if source is None:
                 raise LookupError(

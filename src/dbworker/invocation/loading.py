@@ -96,10 +96,20 @@ class SourceLoader:
         """``load_apart`` for each (session, source id) of ``wanted``, in one statement
         (the instances, or None for a row that is gone); None when this mapping, or a
         session's hooks, need the ORM's load (each is then loaded by itself)."""
+        found = self.load_many(wanted, read)
+        if found is not None:
+            read.rollback()  # no transaction left open on the reading connection
+        return found
+
+    def load_many(
+        self, wanted: Sequence[tuple[Session, Any]], conn: Connection
+    ) -> list[Any] | None:
+        """``load`` for each (session, source id) of ``wanted``, in one statement on
+        ``conn``, in its transaction (the instances, or None for a row that is gone);
+        None when this mapping, or a session's hooks, need the ORM's load."""
         if self._many is None or not all(self._direct_for(session) for session, _ in wanted):
             return None
-        rows = read.execute(self._many, {_KEYS: [source_id for _, source_id in wanted]}).all()
-        read.rollback()  # no transaction left open on the reading connection
+        rows = conn.execute(self._many, {_KEYS: [source_id for _, source_id in wanted]}).all()
         by_key = {row[self._key_at]: row for row in rows}
         found = []
         for session, source_id in wanted:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -70,6 +70,9 @@ class Runtime:
         #: Workers whose handlers released their transaction in a group: their items
         #: run alone from then on (``group.py``).
         self.alone: set[str] = set()
+        #: Workers whose grouped handlers send statements: their group's rows are read
+        #: by each item, after the items before it (``group.py``).
+        self.writing: set[str] = set()
         #: Where the process runs many invocations at once (threads), they end in turns.
         self.ending = EndingTurns(ENDING_AT_ONCE, ENDING_TURN_WAIT)
         #: Where the process runs many invocations at once (threads), endings of those
@@ -228,6 +231,17 @@ class Runtime:
         """The source row as the handler receives it (as ``session.get`` gives it, from
         statements built once per process: a forked handler process then builds no SQL)."""
         return self._loader(source, worker).load(session, source_id, bind)
+
+    def load_many(
+        self,
+        wanted: Sequence[tuple[Session, Any]],
+        worker: WorkerTable,
+        source: type[Any],
+        conn: Connection,
+    ) -> list[Any] | None:
+        """``load`` for each (session, source id) of ``wanted`` in one statement on
+        ``conn``; None if the mapping needs the ORM's load (each is then loaded alone)."""
+        return self._loader(source, worker).load_many(wanted, conn)
 
     def load_apart(
         self,

@@ -28,6 +28,8 @@ from ..dialects.driver_cursor import run_plain, watched
 _INSTALLED = "_dbworker_driver_savepoints"
 #: In a connection's info: the next RELEASE SAVEPOINT is left out.
 _KEEP = "dbworker_keep_savepoint"
+#: In a connection's info: a SAVEPOINT began (``savepoints_begun``).
+_BEGUN = "dbworker_savepoint_begun"
 _VERBS = {
     "do_savepoint": "SAVEPOINT",
     "do_rollback_to_savepoint": "ROLLBACK TO SAVEPOINT",
@@ -52,12 +54,23 @@ def _on_cursor(
     def run(connection: Connection, name: Any) -> None:
         if verb == "RELEASE SAVEPOINT" and connection.info.pop(_KEEP, False):
             return  # the group's COMMIT ends it
+        if verb == "SAVEPOINT":
+            connection.info[_BEGUN] = True
         if watched(connection):
             default(connection, name)
         else:
             run_plain(connection, f"{verb} {quote(name)}")
 
     return run
+
+
+def savepoints_begun(connection: Connection, *, forget: bool = False) -> bool:
+    """Whether a SAVEPOINT began on ``connection`` (installed first) since it was last
+    asked with ``forget``. (A kept savepoint's ``NestedTransaction`` ends as if released,
+    so SQLAlchemy's ``in_nested_transaction()`` does not tell.)"""
+    if forget:
+        return bool(connection.info.pop(_BEGUN, False))
+    return bool(connection.info.get(_BEGUN, False))
 
 
 def keep_next_savepoint(connection: Connection) -> None:
