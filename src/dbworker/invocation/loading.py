@@ -27,7 +27,7 @@ from sqlalchemy.orm import (
     make_transient_to_detached,
 )
 
-from ..dialects.driver_cursor import DriverForms, first_row
+from ..dialects.driver_cursor import DriverForms, all_rows, first_row
 
 #: Relationship loaders that leave the attribute unloaded until it is read, as an
 #: instance made from the row leaves it; any other loader fills it during the load.
@@ -52,13 +52,11 @@ class SourceLoader:
         self._direct = None if columns is None else select(*columns).where(pk == bindparam(_KEY))
         self._keys = [] if columns is None else [_attribute(mapper, c) for c in columns]
         self._driver = DriverForms()
-        #: Several rows by key in one statement (``load_many_apart``), and where the key
-        #: is among the columns.
-        self._many = (
-            None
-            if columns is None
-            else select(*columns).where(pk.in_(bindparam(_KEYS, expanding=True)))
-        )
+        #: Several rows by key in one statement (``load_many``): one per power of two of
+        #: keys (``_many_for``), and where the key is among the columns.
+        self._columns = columns
+        self._pk = pk
+        self._many: dict[int, Any] = {}
         self._key_at = 0 if columns is None else [c.key for c in columns].index(str(pk.key))
 
     @property
@@ -107,15 +105,34 @@ class SourceLoader:
         """``load`` for each (session, source id) of ``wanted``, in one statement on
         ``conn``, in its transaction (the instances, or None for a row that is gone);
         None when this mapping, or a session's hooks, need the ORM's load."""
-        if self._many is None or not all(self._direct_for(session) for session, _ in wanted):
+        if self._columns is None or not all(self._direct_for(session) for session, _ in wanted):
             return None
-        rows = conn.execute(self._many, {_KEYS: [source_id for _, source_id in wanted]}).all()
+        # On the driver's cursor, as a single row is: SQLAlchemy's execution of an
+        # expanding IN was as much of a group's CPU as making the instances. The last
+        # key is repeated up to the statement's count (a row is found once).
+        count = 1 << (len(wanted) - 1).bit_length()
+        statement = self._many_for(count)
+        keys = [source_id for _, source_id in wanted]
+        params = {f"{_KEYS}_{i}": keys[min(i, len(keys) - 1)] for i in range(count)}
+        driver = self._driver.get(conn, ("many", count), statement)
+        if driver is None:
+            rows: Sequence[Any] = conn.execute(statement, params).all()
+        else:
+            rows = all_rows(conn, driver, params)
         by_key = {row[self._key_at]: row for row in rows}
         found = []
         for session, source_id in wanted:
             row = by_key.get(source_id)
             found.append(None if row is None else self._instance(session, tuple(row)))
         return found
+
+    def _many_for(self, count: int) -> Any:
+        statement = self._many.get(count)
+        if statement is None:
+            assert self._columns is not None
+            keys = [bindparam(f"{_KEYS}_{i}", type_=self._pk.type) for i in range(count)]
+            statement = self._many[count] = select(*self._columns).where(self._pk.in_(keys))
+        return statement
 
     def _direct_for(self, session: Session) -> bool:
         return not (
