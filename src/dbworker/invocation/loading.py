@@ -107,6 +107,8 @@ class SourceLoader:
         None when this mapping, or a session's hooks, need the ORM's load."""
         if self._columns is None or not all(self._direct_for(session) for session, _ in wanted):
             return None
+        if not wanted:
+            return []
         # On the driver's cursor, as a single row is: SQLAlchemy's execution of an
         # expanding IN was as much of a group's CPU as making the instances. The last
         # key is repeated up to the statement's count (a row is found once).
