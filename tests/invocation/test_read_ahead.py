@@ -23,6 +23,7 @@ from dbworker.core.tasks import Result, ResultKind, Task
 from dbworker.invocation.async_runtime import AsyncRuntime
 from dbworker.invocation.loading import SourceLoader
 from dbworker.invocation.runtime import ChildConfig, Runtime
+from waiting import wait_until
 
 from .test_endings_together import CALLS, GATE, Gate, handle
 from .test_group import GroupEffect, GroupItem, Rig, rig  # noqa: F401  (the fixture)
@@ -191,10 +192,9 @@ def test_threads_a_task_read_ahead_starts_without_reading_and_ends_with_others(
     try:
         for task in tasks:
             runtime.read_ahead(task)
-        deadline = time.monotonic() + 30
-        while not all(w.ended for w in runtime.reads._wanted.values()):
-            assert time.monotonic() < deadline, "never read"
-            time.sleep(0.01)
+        reads = runtime.reads
+        assert reads is not None
+        wait_until(lambda: all(w.ended for w in reads._wanted.values()), "the reads")
         assert sorted(read) == [1, 2, 3], "read while they waited"
         # Changed after the read: the handler gets the row as it was read ahead (a
         # "bad" one would fail its flush).
@@ -255,25 +255,29 @@ def test_threads_reads_ahead_give_way_to_the_thread_that_starts_first(
         assert reads.take(second.key) is None, "not read yet: its thread reads it"
         reads.forget(third.key)
         assert list(reads._queued) == [] and list(reads._wanted) == [first.key]
-        taken: list[Any] = []
-        waiter = threading.Thread(target=lambda: taken.append(reads.take(first.key)))
-        waiter.start()
-        time.sleep(0.05)
-        assert waiter.is_alive(), "it waits for the read under way"
-        go.set()
-        waiter.join(timeout=30)
-        assert taken and taken[0] is not None and taken[0][1] == "row 1"
+        assert _taken_once_read(reads, first.key, go, "the read under way") == "row 1"
         fail[0] = True
         reads._read = None
         reads.add(second, Session())
-        deadline = time.monotonic() + 30
-        while not reads._wanted[second.key].ended:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: reads._wanted[second.key].ended, "the failed read")
         assert reads.take(second.key) is None, "a failed read gives nothing"
     finally:
         go.set()
         reads.close()
+
+
+def _taken_once_read(reads: Any, key: Any, go: threading.Event, what: str) -> Any:
+    """``reads.take(key)`` from a thread of its own: it must wait (for ``what``) until
+    ``go`` lets the reads on; the row it then got."""
+    taken: list[Any] = []
+    taker = threading.Thread(target=lambda: taken.append(reads.take(key)))
+    taker.start()
+    time.sleep(0.05)
+    assert taker.is_alive(), f"it waits for {what} instead of reading itself"
+    go.set()
+    taker.join(timeout=30)
+    assert taken and taken[0] is not None
+    return taken[0][1]
 
 
 class _StubConnection:
@@ -306,24 +310,11 @@ def test_threads_a_starting_task_waits_for_its_read_which_goes_first_and_alone(
     busy, waiting, starting = _thread_task(1), _thread_task(2), _thread_task(3)
     try:
         reads.add(busy, Session())  # under way, holding the reading thread
-        deadline = time.monotonic() + 30
-        while reads._queued:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: not reads._queued, "the reading thread to take it")
         reads.add(waiting, Session())
         reads.add(starting, Session(), starting=True)
-        taken: list[Any] = []
-        taker = threading.Thread(target=lambda: taken.append(reads.take(starting.key)))
-        taker.start()
-        time.sleep(0.05)
-        assert taker.is_alive(), "it waits for the reading thread instead of reading"
-        go.set()
-        taker.join(timeout=30)
-        assert taken and taken[0] is not None and taken[0][1] == "row 3"
-        deadline = time.monotonic() + 30
-        while len(batches) < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        assert _taken_once_read(reads, starting.key, go, "the reading thread") == "row 3"
+        wait_until(lambda: len(batches) == 3, "the waiting task's read")
         assert batches == [[1], [3], [2]], "the starting read first, alone"
     finally:
         go.set()
