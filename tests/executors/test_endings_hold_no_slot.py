@@ -27,6 +27,7 @@ from dbworker.executors.multiplexed_child import (
     CANCELLED,
     STARTED,
     TOGETHER,
+    Waiting,
     _LoopServer,
     _serve_threads,
 )
@@ -171,8 +172,8 @@ def test_a_slot_starts_its_next_task_when_the_handler_returns() -> None:
         server.capacity = 1
         first, second = _task(1), _task(2)
         payload = task_payload(first)
-        server.waiting.extend([(task_message(first, payload), False)])
-        server.waiting.extend([(task_message(second, payload), True)])
+        server.waiting.append(Waiting.of(task_message(first, payload)))
+        server.waiting.append(Waiting.of((AHEAD, task_message(second, payload))))
         server._start_waiting(asyncio.get_running_loop())
         await _passes()
         assert runner.started == [1], "one slot"

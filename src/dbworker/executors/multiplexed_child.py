@@ -27,9 +27,17 @@ import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..core.tasks import Result, ResultKind, TaskKey, TaskMessage, describe, task_from_message
+from ..core.tasks import (
+    Result,
+    ResultKind,
+    Task,
+    TaskKey,
+    TaskMessage,
+    describe,
+    task_from_message,
+)
 from .base import ConcurrentRunner
 from .process import (
     CANCEL,
@@ -146,7 +154,7 @@ def _serve_threads(conn: Connection, runner: ConcurrentRunner, capacity: int) ->
 def _serve_threads_with(
     conn: Connection, runner: ConcurrentRunner, capacity: int, reply: Callable[[Any], None]
 ) -> None:
-    waiting: collections.deque[tuple[TaskMessage, bool]] = collections.deque()
+    waiting: collections.deque[Waiting] = collections.deque()
     arrived = threading.Condition()
 
     def serve() -> None:
@@ -155,22 +163,22 @@ def _serve_threads_with(
             with arrived:
                 while ended is None and not waiting:
                     arrived.wait()
-                message, ahead = waiting.popleft() if waiting else (None, False)
+                entry = waiting.popleft() if waiting else None
             # The next task is taken before the last one's result goes: a task sent
             # ahead starts now, and its start travels with that result.
-            if message is not None and ahead:
-                reply((STARTED, [message_key(message)], ended))
+            if entry is not None and entry.ahead:
+                reply((STARTED, [entry.key], ended))
             elif ended is not None:
                 reply(ended)
-            if message is None:
+            if entry is None:
                 ended = None
                 continue
+            task = entry.task
             try:
-                task = task_from_message(message)
                 # None: its ending goes with others', and ``reply`` sends its result.
                 ended = task if isinstance(task, Result) else runner.run_later(task, reply)
             except BaseException as exc:
-                ended = _crashed(message_key(message), exc)
+                ended = _crashed(entry.key, exc)
 
     # Daemon threads: a handler stuck for good must not keep the process from exiting.
     for number in range(capacity):
@@ -187,31 +195,51 @@ def _serve_threads_with(
                 runner.forget_waiting(message[1])
                 reply((CANCELLED, message[1]))
             continue
-        ahead = message[0] == AHEAD
+        entry = Waiting.of(message)
         # It may wait for a thread (its row is read meanwhile), or starts now (its row
         # is read with those of the others arriving with it).
-        _prepare(runner, message[1] if ahead else message, starting=not ahead)
+        _prepare(runner, entry, starting=not entry.ahead)
         with arrived:
-            waiting.append((message[1] if ahead else message, ahead))
+            waiting.append(entry)
             arrived.notify()
 
 
-def _prepare(runner: ConcurrentRunner, message: TaskMessage, starting: bool = False) -> None:
+class Waiting(NamedTuple):
+    """A task in the process that waits for a slot, decoded once as it arrives: its
+    key, the task (or the result that answers it, if it cannot run here), and whether
+    it was sent ahead."""
+
+    key: TaskKey
+    task: Task | Result
+    ahead: bool
+
+    @classmethod
+    def of(cls, message: Any) -> Waiting:
+        ahead = message[0] == AHEAD
+        body: TaskMessage = message[1] if ahead else message
+        key = message_key(body)
+        try:
+            task = task_from_message(body)
+        except Exception as exc:
+            task = _crashed(key, exc)
+        return cls(key, task, ahead)
+
+
+def _prepare(runner: ConcurrentRunner, entry: Waiting, starting: bool = False) -> None:
     """A task that may wait for a slot: the runner may get its start ready (its row
     read), so that it starts at once when one frees; or one that starts now."""
-    task = task_from_message(message)
-    if isinstance(task, Result):  # its start reports what went wrong
+    if isinstance(entry.task, Result):  # its start reports what went wrong
         return
     if starting:
-        runner.prepare_start(task)
+        runner.prepare_start(entry.task)
     else:
-        runner.prepare_waiting(task)
+        runner.prepare_waiting(entry.task)
 
 
-def _drop(waiting: collections.deque[tuple[TaskMessage, bool]], key: TaskKey) -> bool:
+def _drop(waiting: collections.deque[Waiting], key: TaskKey) -> bool:
     """Take the task ``key`` out of ``waiting``; whether it was there."""
     for entry in waiting:
-        if message_key(entry[0]) == key:
+        if entry.key == key:
             waiting.remove(entry)
             return True
     return False
@@ -257,8 +285,8 @@ class _LoopServer:
         #: Those of ``running`` whose handler returned: their slot is free while their
         #: ending commits.
         self.returned: set[TaskKey] = set()
-        #: Tasks sent ahead, waiting for a slot (with whether they came as AHEAD).
-        self.waiting: collections.deque[tuple[TaskMessage, bool]] = collections.deque()
+        #: Tasks sent ahead, waiting for a slot.
+        self.waiting: collections.deque[Waiting] = collections.deque()
         #: Messages to send at the end of this pass of the loop (``_send``).
         self.outbox: list[Any] = []
         self.arrived = select.poll()
@@ -299,14 +327,13 @@ class _LoopServer:
                         self.runner.forget_waiting(message[1])
                         self._send((CANCELLED, message[1]))
                     continue
-                ahead = message[0] == AHEAD
-                entry = (message[1] if ahead else message, ahead)
+                entry = Waiting.of(message)
                 self.waiting.append(entry)
                 started = self._start_waiting(loop)
                 if started:
                     self._send((STARTED, started, None))
                 if self.waiting and self.waiting[-1] is entry:
-                    _prepare(self.runner, entry[0])
+                    _prepare(self.runner, entry)
             else:
                 return
         except (EOFError, OSError):
@@ -318,14 +345,13 @@ class _LoopServer:
         """Start waiting tasks while there is room; the keys of those sent ahead."""
         started: list[TaskKey] = []
         while self.waiting and len(self.running) - len(self.returned) < self.capacity:
-            message, ahead = self.waiting.popleft()
-            key = message_key(message)
-            self.running[key] = loop.create_task(self._one(key, message))
+            key, task, ahead = self.waiting.popleft()
+            self.running[key] = loop.create_task(self._one(key, task))
             if ahead:
                 started.append(key)
         return started
 
-    async def _one(self, key: TaskKey, message: TaskMessage) -> None:
+    async def _one(self, key: TaskKey, task: Task | Result) -> None:
         loop = asyncio.get_running_loop()
 
         def returned() -> None:
@@ -337,7 +363,6 @@ class _LoopServer:
                 self._send((STARTED, started, None))
 
         try:
-            task = task_from_message(message)
             if isinstance(task, Result):
                 result = task
             else:
