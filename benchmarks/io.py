@@ -344,13 +344,15 @@ def main(argv: list[str] | None = None) -> int:
         if writing:
             found["seconds_vs_celery_writing"] = round(found["seconds"] / writing["seconds"], 3)
     if args.trace:
-        report["trace"] = summarize(args.trace, args.concurrency)
+        report["trace"] = summarize(args.trace, args.concurrency, WAIT_SECONDS)
         for drain in report["trace"]:
             waves = ", ".join(f"{w['starts'][0]:.0f}-{w['starts'][1]:.0f}" for w in drain["waves"])
             log(
                 f"trace {drain['run']}: sent {drain['sent_ms']} ms, first start "
                 f"{drain['first_start_ms']} ms, waves start {waves} ms, last return "
-                f"{drain['last_return_ms']} ms, drained {drain['tail_ms']} ms after it"
+                f"{drain['last_return_ms']} ms, drained {drain['tail_ms']} ms after it; "
+                f"waits returned late by {drain['cycle']['late_return_ms']} ms, slots "
+                f"restarted in {drain['cycle']['restart_ms']} ms"
             )
     write_report(args.output, report)
     print(json.dumps(report["medians"], indent=2))

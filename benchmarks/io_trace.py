@@ -4,6 +4,14 @@ benchmark the time its clock starts, its calls are sent (inserted, or queued), a
 drain is seen; ``summarize`` turns each measured drain into milliseconds from its clock:
 the first start, each wave's starts and returns, and the tail from the last return to
 the drain. Off unless ``--trace`` is given (one environment lookup per call).
+
+Each drain also gets its slots' cycle, beyond the wait itself (``cycle``): how late the
+waits returned (the k-th return against the k-th start, less ``wait_seconds``: a wait
+that returns late was kept from its thread or event loop by other work) and how long a
+slot stood between a return and the next start in it (the k-th return to the
+(k + concurrency)-th start). A slot's call follows the one before it, so its last call
+ends about ``calls per slot x (wait + both)`` after the first start: Celery's threads
+paid 0.2-0.4 ms a cycle on the machine of 2026-12-06, dbworker's executors 2-4 ms.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ def mark(event: str, what: object) -> None:
             trace.write(f"{time.time():.6f} {event} {what}\n")
 
 
-def summarize(path: Path, concurrency: int) -> list[dict[str, Any]]:
+def summarize(path: Path, concurrency: int, wait_seconds: float) -> list[dict[str, Any]]:
     """One summary per measured drain in the trace at ``path``, in order."""
     events: list[tuple[float, str, str]] = []
     for line in path.read_text().splitlines():
@@ -50,7 +58,9 @@ def summarize(path: Path, concurrency: int) -> list[dict[str, Any]]:
         elif event == "ret":
             returns.append(at)
         elif event == "drained" and starts and returns:
-            summaries.append(_summary(clock, sent, starts, returns, at, concurrency))
+            summary = _summary(clock, sent, starts, returns, at, concurrency)
+            summary["cycle"] = _cycle(starts, returns, concurrency, wait_seconds)
+            summaries.append(summary)
             clock = None
 
     return summaries
@@ -88,3 +98,27 @@ def _summary(
         "tail_ms": round((drained - returns[-1]) * 1000, 1),
         "drained_ms": ms(drained),
     }
+
+
+def _cycle(
+    starts: list[float], returns: list[float], concurrency: int, wait_seconds: float
+) -> dict[str, dict[str, float]]:
+    """Percentiles (ms) of how late the waits returned and of each slot's restart."""
+    starts, returns = sorted(starts), sorted(returns)
+    late = [(r - s - wait_seconds) * 1000 for s, r in zip(starts, returns, strict=False)]
+    restart = [
+        (starts[k + concurrency] - returns[k]) * 1000
+        for k in range(min(len(returns), len(starts) - concurrency))
+    ]
+    return {"late_return_ms": _percentiles(late), "restart_ms": _percentiles(restart)}
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[int(q * (len(ordered) - 1))], 2)
+
+    return {"p50": at(0.5), "p90": at(0.9), "max": round(ordered[-1], 2)}
