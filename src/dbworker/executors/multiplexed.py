@@ -201,19 +201,26 @@ class MultiplexedPool(Executor):
 
     def _dispatch(self) -> None:
         # Free slots first (those tasks start at once), then each process's share of
-        # the tasks claimed ahead.
+        # the tasks claimed ahead. What a process is sent goes in one write: sent one by
+        # one, a wave's 50 tasks reached a threads process over 25-50 ms, each read
+        # while the threads started by the ones before held the GIL, and their rows
+        # were read a few at a time.
+        outgoing: dict[int, tuple[Child, list[Any]]] = {}
         for ahead in (False, True):
             for child in self._children:
-                if not self._waiting:
-                    return
-                if not self._takes_work(child):
+                if not self._waiting or not self._takes_work(child):
                     continue
                 room = self._room_of(child)
                 limit = room + self._ahead(room) if ahead else room
                 busy = self._busy(child)
                 while self._waiting and busy < limit:
-                    self._send(child, self._waiting.popleft(), room)
+                    message = self._message(child, self._waiting.popleft(), room)
+                    outgoing.setdefault(id(child), (child, []))[1].append(message)
                     busy += 1  # a task sent holds a slot or waits for one
+        for child, messages in outgoing.values():
+            # If the child is dead, collect() reports the crash for these tasks.
+            with contextlib.suppress(OSError, EOFError):
+                send(child.conn, messages[0] if len(messages) == 1 else (TOGETHER, messages))
 
     def _busy(self, child: Child) -> int:
         """``child``'s tasks that hold a slot or wait for one. An event loop's process
@@ -226,9 +233,10 @@ class MultiplexedPool(Executor):
         started = len(child.tasks) - waiting
         return min(started, self._room_of(child)) + waiting
 
-    def _send(self, child: Child, task: Task, room: int) -> None:
-        # Sent ahead unless it surely finds a slot free: while tasks sent ahead are
-        # not reported started, the process may be running more than we know.
+    def _message(self, child: Child, task: Task, room: int) -> Any:
+        """``task``, now ``child``'s, as the message that sends it there. Sent ahead
+        unless it surely finds a slot free: while tasks sent ahead are not reported
+        started, the process may be running more than we know."""
         queued = self._queued
         ahead = len(child.tasks) >= room or bool(
             queued and any(t.key in queued for t in child.tasks)
@@ -240,9 +248,7 @@ class MultiplexedPool(Executor):
             message = (AHEAD, message)
         else:
             self._started[task.key] = time.monotonic()
-        # If the child is dead, collect() reports the crash for this task.
-        with contextlib.suppress(OSError, EOFError):
-            send(child.conn, message)
+        return message
 
     # -- results -----------------------------------------------------------------------
 

@@ -56,7 +56,8 @@ CANCELLED = "cancelled"
 AHEAD = "ahead"
 #: (STARTED, [keys], result or None): tasks sent ahead that started (see the docstring).
 STARTED = "started"
-#: (TOGETHER, [messages]): what an event loop's process sent in one pass of its loop.
+#: (TOGETHER, [messages]): several messages in one write: what the coordinator sends a
+#: process in one dispatch, or what a process sends in one pass of its loop.
 TOGETHER = "together"
 #: (LOOP_LAG, seconds, tasks running): the event loop was blocked that long (a handler
 #: that does not await: blocking I/O, or CPU work), starving the others meanwhile.
@@ -183,25 +184,44 @@ def _serve_threads_with(
     # Daemon threads: a handler stuck for good must not keep the process from exiting.
     for number in range(capacity):
         threading.Thread(target=serve, name=f"dbworker-handler-{number}", daemon=True).start()
+
+    def hand_over(arrivals: list[Waiting]) -> None:
+        with arrived:
+            waiting.extend(arrivals)
+            arrived.notify(len(arrivals))
+        arrivals.clear()
+
     while True:
         message = receive(conn)
         if message is None:
             return
-        if message[0] == CANCEL:
-            # Dropped if it waits; a thread cannot be stopped (see the module's docstring).
-            with arrived:
-                dropped = _drop(waiting, message[1])
-            if dropped:
-                runner.forget_waiting(message[1])
-                reply((CANCELLED, message[1]))
-            continue
-        entry = Waiting.of(message)
-        # It may wait for a thread (its row is read meanwhile), or starts now (its row
-        # is read with those of the others arriving with it).
-        _prepare(runner, entry, starting=not entry.ahead)
-        with arrived:
-            waiting.append(entry)
-            arrived.notify()
+        # The tasks of one message are all decoded, and their rows asked for, before a
+        # thread is woken: a woken thread holds the GIL that reading the rest waits for.
+        arrivals: list[Waiting] = []
+        for one in _unpacked(message):
+            if one[0] == CANCEL:
+                hand_over(arrivals)  # a cancel applies to what arrived before it
+                # Dropped if it waits; a thread cannot be stopped (see the docstring).
+                with arrived:
+                    dropped = _drop(waiting, one[1])
+                if dropped:
+                    runner.forget_waiting(one[1])
+                    reply((CANCELLED, one[1]))
+                continue
+            entry = Waiting.of(one)
+            # It may wait for a thread (its row is read meanwhile), or starts now (its
+            # row is read with those of the others arriving with it).
+            _prepare(runner, entry, starting=not entry.ahead)
+            arrivals.append(entry)
+        if arrivals:
+            hand_over(arrivals)
+
+
+def _unpacked(message: Any) -> list[Any]:
+    """The messages ``message`` carries: several in one write (``TOGETHER``), or itself."""
+    if message[0] == TOGETHER:
+        return list(message[1])
+    return [message]
 
 
 class Waiting(NamedTuple):
@@ -319,27 +339,31 @@ class _LoopServer:
                 message = receive(self.conn)
                 if message is None:
                     break
-                if message[0] == CANCEL:
-                    task = self.running.get(message[1])
-                    if task is not None:
-                        task.cancel()
-                    elif _drop(self.waiting, message[1]):
-                        self.runner.forget_waiting(message[1])
-                        self._send((CANCELLED, message[1]))
-                    continue
-                entry = Waiting.of(message)
-                self.waiting.append(entry)
-                started = self._start_waiting(loop)
-                if started:
-                    self._send((STARTED, started, None))
-                if self.waiting and self.waiting[-1] is entry:
-                    _prepare(self.runner, entry)
+                for one in _unpacked(message):
+                    self._arrived(loop, one)
             else:
                 return
         except (EOFError, OSError):
             pass
         if not stopping.done():
             stopping.set_result(None)
+
+    def _arrived(self, loop: asyncio.AbstractEventLoop, message: Any) -> None:
+        if message[0] == CANCEL:
+            task = self.running.get(message[1])
+            if task is not None:
+                task.cancel()
+            elif _drop(self.waiting, message[1]):
+                self.runner.forget_waiting(message[1])
+                self._send((CANCELLED, message[1]))
+            return
+        entry = Waiting.of(message)
+        self.waiting.append(entry)
+        started = self._start_waiting(loop)
+        if started:
+            self._send((STARTED, started, None))
+        if self.waiting and self.waiting[-1] is entry:
+            _prepare(self.runner, entry)
 
     def _start_waiting(self, loop: asyncio.AbstractEventLoop) -> list[TaskKey]:
         """Start waiting tasks while there is room; the keys of those sent ahead."""
