@@ -16,34 +16,26 @@ from typing import Any
 import pytest
 
 from dbworker.core.tasks import Result, ResultKind, Task, task_message, task_payload
-from dbworker.executors.children import Child
 from dbworker.executors.multiplexed import MultiplexedPool
 from dbworker.executors.multiplexed_child import (
     AHEAD,
     CANCELLED,
     TOGETHER,
     _LoopServer,
-    _serve_threads,
 )
 from dbworker.executors.process import CANCEL, receive, send
+from waiting import wait_until
 
-from .test_batched_reads import _Process, _task
+from .test_batched_reads import _task
+from .test_endings_hold_no_slot import _passes, _Runner, one_process_pool, threads_process
 
 ROOM = 3
 
 
 @pytest.fixture
 def pool() -> Iterator[tuple[MultiplexedPool, Any]]:
-    parent, child_end = multiprocessing.Pipe()
-    executor = MultiplexedPool(ROOM, runner=None, parent_pid=0, asyncio=False)  # type: ignore[arg-type]
-    child = Child(_Process(), parent)  # type: ignore[arg-type]
-    child.ready = True
-    executor._children.append(child)
-    executor._room[id(parent)] = ROOM
-    executor._typical = 0.3  # durations known: tasks are claimed ahead too
-    yield executor, child_end
-    parent.close()
-    child_end.close()
+    with one_process_pool(ROOM, asyncio=False) as (executor, _, child_end):
+        yield executor, child_end
 
 
 def _writes(conn: Any) -> list[Any]:
@@ -101,95 +93,50 @@ class _ThreadsRunner:
 
 
 def test_threads_prepare_every_task_of_a_write_before_one_starts() -> None:
-    parent, child_end = multiprocessing.Pipe()
     runner = _ThreadsRunner()
     count = 4
-    serving = threading.Thread(target=_serve_threads, args=(child_end, runner, count), daemon=True)
-    serving.start()
     tasks = [_task(n) for n in range(count)]
     payload = task_payload(tasks[0])
-    try:
+    with threads_process(runner, count) as parent:
         send(parent, (TOGETHER, [task_message(t, payload) for t in tasks]))
-        deadline = time.monotonic() + 30
-        while len(runner.seen_at_start) < count:
-            assert time.monotonic() < deadline, "every task starts"
-            time.sleep(0.01)
+        wait_until(lambda: len(runner.seen_at_start) == count, "every task to start")
         assert runner.seen_at_start == [count] * count
-    finally:
-        runner.release.set()
-        send(parent, None)
-        serving.join(timeout=30)
-        parent.close()
-        child_end.close()
 
 
 def test_threads_a_cancel_applies_to_the_tasks_that_arrived_before_it() -> None:
-    parent, child_end = multiprocessing.Pipe()
     runner = _ThreadsRunner()
-    serving = threading.Thread(target=_serve_threads, args=(child_end, runner, 1), daemon=True)
-    serving.start()
     first, second = _task(1), _task(2)
     payload = task_payload(first)
-    try:
-        send(
-            parent,
-            (
-                TOGETHER,
-                [
-                    task_message(first, payload),
-                    (AHEAD, task_message(second, payload)),
-                    (CANCEL, second.key),
-                ],
-            ),
-        )
+    with threads_process(runner, 1) as parent:
+        write = [
+            task_message(first, payload),
+            (AHEAD, task_message(second, payload)),
+            (CANCEL, second.key),
+        ]
+        send(parent, (TOGETHER, write))
         assert parent.poll(30)
         assert receive(parent) == (CANCELLED, second.key)
-    finally:
-        runner.release.set()
-        send(parent, None)
-        serving.join(timeout=30)
-        parent.close()
-        child_end.close()
-
-
-class _LoopRunner:
-    def __init__(self) -> None:
-        self.started: list[int] = []
-        self.prepared: list[int] = []
-        self.release = asyncio.Event()
-
-    async def run_async(self, task: Task, returned: Any = None) -> Result:
-        self.started.append(task.source_id)
-        await self.release.wait()
-        return Result(task.key, ResultKind.FINISHED)
-
-    def prepare_waiting(self, task: Task) -> None:
-        self.prepared.append(task.source_id)
-
-    def forget_waiting(self, key: Any) -> None:
-        pass
 
 
 def test_an_event_loop_takes_the_tasks_of_one_write_apart() -> None:
     async def scenario() -> None:
         parent, child_end = multiprocessing.Pipe()
-        runner = _LoopRunner()
+        runner = _Runner()
         server = _LoopServer(child_end, runner, lag_warning=60.0)  # type: ignore[arg-type]
         server.capacity = 2
         loop = asyncio.get_running_loop()
-        stopping: asyncio.Future[None] = loop.create_future()
         tasks = [_task(n) for n in (1, 2, 3)]
         payload = task_payload(tasks[0])
         messages = [task_message(t, payload) for t in tasks[:2]]
         send(parent, (TOGETHER, [*messages, (AHEAD, task_message(tasks[2], payload))]))
-        server._read(loop, stopping)
-        for _ in range(10):
-            await asyncio.sleep(0)
+        server._read(loop, loop.create_future())
+        await _passes()
         assert runner.started == [1, 2]
         assert runner.prepared == [3]
-        runner.release.set()
-        for _ in range(10):
-            await asyncio.sleep(0)
+        for number in (1, 2, 3):
+            runner.handler_done.setdefault(number, asyncio.Event()).set()
+            runner.ending_done.setdefault(number, asyncio.Event()).set()
+        await _passes()
         parent.close()
         child_end.close()
 

@@ -9,9 +9,9 @@ withdrawn."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,26 +32,37 @@ from dbworker.executors.multiplexed_child import (
     _serve_threads,
 )
 from dbworker.executors.process import CANCEL, receive, send
+from waiting import wait_until
 
 from .test_batched_reads import _Process, _task
 
 ROOM = 4
 
 
+@contextlib.contextmanager
+def one_process_pool(room: int, asyncio: bool) -> Iterator[tuple[MultiplexedPool, Child, Any]]:
+    """A pool of one (stand-in) process with ``room`` slots, whose invocations are known
+    to take 0.3 s (so tasks are claimed ahead too); the process's end of its pipe."""
+    parent, child_end = multiprocessing.Pipe()
+    executor = MultiplexedPool(room, runner=None, parent_pid=0, asyncio=asyncio)  # type: ignore[arg-type]
+    child = Child(_Process(), parent)  # type: ignore[arg-type]
+    child.ready = True
+    executor._children.append(child)
+    executor._room[id(parent)] = room
+    executor._typical = 0.3
+    try:
+        yield executor, child, child_end
+    finally:
+        parent.close()
+        child_end.close()
+
+
 @pytest.fixture
 def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[MultiplexedPool, Child]]:
     # A task ahead per slot once durations are known, whatever they are.
     monkeypatch.setattr(multiplexed, "CLAIM_AHEAD_SECONDS", 3600.0)
-    parent, child_end = multiprocessing.Pipe()
-    executor = MultiplexedPool(ROOM, runner=None, parent_pid=0, asyncio=True)  # type: ignore[arg-type]
-    child = Child(_Process(), parent)  # type: ignore[arg-type]
-    child.ready = True
-    executor._children.append(child)
-    executor._room[id(parent)] = ROOM
-    executor._typical = 0.3
-    yield executor, child
-    parent.close()
-    child_end.close()
+    with one_process_pool(ROOM, asyncio=True) as (executor, child, _):
+        yield executor, child
 
 
 def _receive(executor: MultiplexedPool, child: Child, message: Any) -> list[Result]:
@@ -258,38 +269,43 @@ class _ThreadsRunner:
         self.forgotten.append(key)
 
 
-def test_threads_a_task_sent_ahead_is_prepared_and_forgotten_once_withdrawn() -> None:
+@contextlib.contextmanager
+def threads_process(runner: Any, threads: int) -> Iterator[Any]:
+    """A threads process's serving loop on ``threads`` threads for ``runner`` (whose
+    ``release`` lets its tasks return), in a thread of this process: the coordinator's
+    end of its pipe. Stopped as the coordinator stops it (``None``)."""
     parent, child_end = multiprocessing.Pipe()
-    runner = _ThreadsRunner()
     serving = threading.Thread(
-        target=_serve_threads,
-        args=(child_end, runner, 1),  # one thread
-        daemon=True,
+        target=_serve_threads, args=(child_end, runner, threads), daemon=True
     )
     serving.start()
-    first, second, third = _task(1), _task(2), _task(3)
-    payload = task_payload(first)
     try:
-        send(parent, task_message(first, payload))
-        send(parent, (AHEAD, task_message(second, payload)))
-        send(parent, (AHEAD, task_message(third, payload)))
-        send(parent, (CANCEL, third.key))
-        assert parent.poll(30), "the withdrawn task is answered"
-        assert receive(parent) == (CANCELLED, third.key)
-        deadline = time.monotonic() + 30
-        while not runner.started:  # the thread may not have started it yet
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert runner.started == [1]
-        assert runner.prepared == [2, 3], "only those sent ahead"
-        assert runner.starting == [1], "the one that starts at once reads with others"
-        assert runner.forgotten == [third.key]
+        yield parent
     finally:
         runner.release.set()
         send(parent, None)
         serving.join(timeout=30)
         parent.close()
         child_end.close()
+
+
+def test_threads_a_task_sent_ahead_is_prepared_and_forgotten_once_withdrawn() -> None:
+    runner = _ThreadsRunner()
+    first, second, third = _task(1), _task(2), _task(3)
+    payload = task_payload(first)
+    with threads_process(runner, 1) as parent:
+        send(parent, task_message(first, payload))
+        send(parent, (AHEAD, task_message(second, payload)))
+        send(parent, (AHEAD, task_message(third, payload)))
+        send(parent, (CANCEL, third.key))
+        assert parent.poll(30), "the withdrawn task is answered"
+        assert receive(parent) == (CANCELLED, third.key)
+        # The thread may not have started it yet.
+        wait_until(lambda: runner.started, "the task that starts at once to start")
+        assert runner.started == [1]
+        assert runner.prepared == [2, 3], "only those sent ahead"
+        assert runner.starting == [1], "the one that starts at once reads with others"
+        assert runner.forgotten == [third.key]
 
 
 def test_threads_messages_put_while_one_is_written_go_in_one_write(
