@@ -25,7 +25,7 @@ import contextlib
 import select
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
@@ -217,11 +217,9 @@ def _serve_threads_with(
             hand_over(arrivals)
 
 
-def _unpacked(message: Any) -> list[Any]:
+def _unpacked(message: Any) -> Sequence[Any]:
     """The messages ``message`` carries: several in one write (``TOGETHER``), or itself."""
-    if message[0] == TOGETHER:
-        return list(message[1])
-    return [message]
+    return message[1] if message[0] == TOGETHER else (message,)
 
 
 class Waiting(NamedTuple):
