@@ -154,3 +154,78 @@ def test_sqlite_without_returning_claims_in_two_statements(
         assert ids(claims) == [1, 2]
         _assert_stored(h, claims)
         assert not any("RETURNING" in statement for statement in seen), seen
+
+
+def _settings(conn: Any) -> tuple[Any, ...]:
+    names = ", ".join(f"current_setting('{name}')" for name in PLAN_SETTINGS)
+    return tuple(conn.exec_driver_sql(f"SELECT {names}").one())
+
+
+def _sql(seen: list[str]) -> list[str]:
+    return [s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT", "ROLLBACK"))]
+
+
+@pytest.mark.backends("postgresql")
+def test_a_discovery_before_a_claim_carries_its_plan_guard(database_url: str) -> None:
+    # A woken poll: discovery switches the plan settings off for the claim after it (a
+    # round trip less), and the claim restores the caller's own.
+    with _db_clock(database_url) as h:
+        h.seed()
+        conn = h.admin
+        by_key = select(Item).order_by(Item.id)
+        with conn.begin():
+            conn.exec_driver_sql("SET LOCAL enable_sort = off")
+            before = _settings(conn)
+            with statements_run(conn) as seen:
+                _, watermark = h.dialect.discover_for_claim(conn, h.items)
+            assert watermark == max(row.id for row in ITEMS)
+            assert _settings(conn) == ("off",) * len(PLAN_SETTINGS)
+            with statements_run(conn) as claimed:
+                claims = h.dialect.claim(conn, h.items, by_key, 2, LEASE, OWNER)
+            assert _settings(conn) == before == ("on", "on", "off", "on")
+        assert ids(claims) == [1, 2]
+        _assert_stored(h, claims)
+        assert len(_sql(seen)) == 1 and "set_config" in _sql(seen)[0], seen
+        (claim,) = _sql(claimed)
+        assert claim.startswith("WITH dbworker_locked AS MATERIALIZED"), claim
+
+
+@pytest.mark.backends("postgresql")
+def test_a_plan_guard_serves_only_its_own_transaction(database_url: str) -> None:
+    with _db_clock(database_url) as h:
+        h.seed()
+        conn = h.admin
+        by_key = select(Item).order_by(Item.id)
+        with conn.begin():  # discovered, then nothing claimed: its guard ends with it
+            h.dialect.discover_for_claim(conn, h.items)
+        with conn.begin():
+            assert _settings(conn) == ("on", "on", "on", "on")
+            with statements_run(conn) as seen:
+                claims = h.dialect.claim(conn, h.items, by_key, 1, LEASE, OWNER)
+            assert _settings(conn) == ("on", "on", "on", "on")
+        assert ids(claims) == [1]
+        guard, claim = _sql(seen)
+        assert "set_config" in guard and "FOR UPDATE" not in guard, guard
+        assert claim.startswith("WITH dbworker_locked AS MATERIALIZED"), claim
+        # A discovery that no claim follows leaves the settings alone.
+        h.add_items(100)
+        with conn.begin():
+            assert h.dialect.discover_to_watermark(conn, h.items) == (1, 100)
+            assert _settings(conn) == ("on", "on", "on", "on")
+
+
+def test_a_discovery_of_its_own_keeps_the_claims_guard_apart(database_url: str) -> None:
+    # A dialect that writes its own discovery gets it run as written before a claim.
+    base = type(for_url(database_url))
+
+    class OwnDiscovery(base):  # type: ignore[valid-type,misc]
+        def discover_to_watermark(self, conn: Any, worker: Any) -> tuple[int, Any]:
+            self.ran = True
+            return super().discover_to_watermark(conn, worker)
+
+    assert not OwnDiscovery.prepares_claim_in_discovery
+    with Harness(lambda _clock: OwnDiscovery(), database_url) as h:
+        h.seed()
+        with h.admin.begin():
+            assert h.dialect.discover_for_claim(h.admin, h.items)[0] == len(ITEMS)
+        assert getattr(h.dialect, "ran", False)

@@ -93,6 +93,37 @@ def test_repeatable_read_discovers_in_two_statements(database_url: str) -> None:
 
 
 @pytest.mark.backends("mysql")
+def test_the_isolation_level_is_asked_once_per_connection(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Asked at every discovery, it was a round trip of a woken poll's eight; a level
+    # set through execution options is the one in force, without asking.
+    with Harness(lambda _clock: for_url(database_url), database_url) as h:
+        h.seed(items=())
+        conn = h.actor()
+        asked: list[object] = []
+        real = type(conn.dialect).get_isolation_level
+
+        def counted(dialect: Any, dbapi_connection: Any) -> Any:
+            asked.append(dbapi_connection)
+            return real(dialect, dbapi_connection)
+
+        monkeypatch.setattr(type(conn.dialect), "get_isolation_level", counted)
+        for first in (1, 3, 5):
+            h.add_items(first, first + 1)
+            with statements_run(conn) as seen:
+                assert _discover(h, conn) == (2, first + 1)
+            assert _one_statement(seen)
+        assert len(asked) <= 1
+        chosen = conn.execution_options(isolation_level="REPEATABLE READ")
+        h.add_items(7)
+        with statements_run(chosen) as seen:
+            assert _discover(h, chosen) == (1, 7)
+        assert not _one_statement(seen)
+        assert len(asked) <= 1
+
+
+@pytest.mark.backends("mysql")
 def test_a_statement_based_binary_log_discovers_in_two_statements(database_url: str) -> None:
     with Harness(lambda _clock: for_url(database_url), database_url) as h:
         h.seed()

@@ -50,7 +50,7 @@ class _NoDiscovery(DiscoverySchedule):
     def sweep(self, *_: Any) -> None:
         pass
 
-    def discover(self, *_: Any) -> Any:
+    def discover(self, *_: Any, **__: Any) -> Any:
         return None
 
 

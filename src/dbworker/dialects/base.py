@@ -66,6 +66,11 @@ class Dialect(Claiming, Discovery, Reading, FencedTransitions):
     _FLAGS_VOUCHING_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
         "supports_one_statement_claims": ("lock_candidates",),
         "supports_discovery_watermark": ("discover",),
+        "prepares_claim_in_discovery": (
+            "discover",
+            "discover_to_watermark",
+            "_discover_above_watermark",
+        ),
     }
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -65,6 +65,12 @@ class Discovery(DialectInterface):
             return self.discover(conn, worker), self.watermark(conn, worker)
         return self._discover_above_watermark(conn, worker)
 
+    def discover_for_claim(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        """``discover_to_watermark`` in the transaction of a claim that follows it at
+        once, which a dialect may prepare in discovery's statement
+        (``prepares_claim_in_discovery``)."""
+        return self.discover_to_watermark(conn, worker)
+
     def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
         pk = worker.source_pk
         watermark = self.watermark(conn, worker)

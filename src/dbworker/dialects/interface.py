@@ -69,6 +69,11 @@ class DialectInterface(ABC):
     #: ``discover`` and does not declare this flag again gets False: its discovery
     #: runs, followed by a read of the watermark.
     supports_discovery_watermark: ClassVar[bool] = True
+    #: Whether ``discover_for_claim`` prepares the claim that follows in discovery's own
+    #: statement (PostgreSQL: its plan guard, a round trip less). A subclass that
+    #: defines ``discover``, ``discover_to_watermark`` or ``_discover_above_watermark``
+    #: and does not declare this flag again gets False: its discovery runs as written.
+    prepares_claim_in_discovery: ClassVar[bool] = False
     #: Whether discovery runs as one ``INSERT ... SELECT ... RETURNING`` that reads the
     #: watermark from the table it inserts into (``_discover_returning``), where the
     #: driver has RETURNING. On by choice of each dialect, as measured (SQLite).

@@ -83,6 +83,15 @@ _GUARD = text(
     *[column(f"dbworker_{name}", String()) for name in PLAN_SETTINGS],
     *[column(f"dbworker_{name}_off", String()) for name in PLAN_SETTINGS],
 )
+# _GUARD's parts, for a statement that carries it in its own columns (discovery's).
+_GUARD_READ = text(
+    "SELECT {} OFFSET 0".format(
+        ", ".join(f"current_setting('{name}') AS {name}" for name in PLAN_SETTINGS)
+    )
+).columns(*[column(name, String()) for name in PLAN_SETTINGS])
+_GUARD_OFF: list[ColumnElement[Any]] = [
+    literal_column(f"set_config('{name}', 'off', true)") for name in PLAN_SETTINGS
+]
 # Restores what _GUARD read: an uncorrelated condition, which PostgreSQL evaluates once,
 # as a one-time filter, when the statement starts executing (planning is over by then).
 _RESTORE = text(
@@ -91,6 +100,9 @@ _RESTORE = text(
     )
 )
 _RESTORE_ALONE = text("SELECT " + _RESTORE.text)
+#: Where a discovery that switched PLAN_SETTINGS off for the claim after it leaves its
+#: transaction and the values it read (``PoolProxiedConnection.info``).
+_PLANNED = "dbworker_planned_claim"
 
 
 class PostgreSQLDialect(Dialect):
@@ -106,6 +118,8 @@ class PostgreSQLDialect(Dialect):
     supports_one_statement_claims: ClassVar[bool] = True
     # A data-modifying CTE reads the claim's RETURNING: its rate slots are stamped in it.
     supports_stamp_in_claim: ClassVar[bool] = True
+    # The claim's plan guard is a few columns of discovery's statement.
+    prepares_claim_in_discovery: ClassVar[bool] = True
 
     def db_now(self) -> ColumnElement[float]:
         # clock_timestamp(), not now(): now() is frozen at transaction start, and a
@@ -126,19 +140,39 @@ class PostgreSQLDialect(Dialect):
     def insert_ignore(self, table: Table, keys: Sequence[str] = ("source_id",)) -> Insert:
         return pg_insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
-    def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+    def discover_for_claim(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        # The claim's plan guard rides on discovery's statement: a woken poll's
+        # transaction is then discovery, claim and COMMIT, a round trip less.
+        if not (
+            self.prepares_claim_in_discovery
+            and self.supports_discovery_watermark
+            and worker.monotonic_keys
+        ):
+            return super().discover_for_claim(conn, worker)
+        return self._discover_above_watermark(conn, worker, plan_claim=True)
+
+    def _discover_above_watermark(
+        self, conn: Connection, worker: WorkerTable, plan_claim: bool = False
+    ) -> tuple[int, Any]:
         # The keys above the watermark go from the source table into pending records
         # in one statement: sent back as parameters, psycopg executed one INSERT per
         # row (the coordinator's largest cost per item after its pipes). A plain
         # SELECT in a CTE locks none of the application's rows. The watermark is read
         # inside it too: a woken poll's round trip less.
         statement = self._built_once(
-            ("discover_in_one", worker.table), lambda: self._discovery_statement(worker)
+            ("discover_in_one", worker.table, plan_claim),
+            lambda: self._discovery_statement(worker, plan_claim),
         )
-        (found, largest, _added, watermark), *_ = self._rows_of(conn, statement, statement, {})
+        (found, largest, _added, watermark, *plan), *_ = self._rows_of(
+            conn, statement, statement, {}
+        )
+        if plan_claim:
+            # Switched off from here to the claim, which restores what was read.
+            old = {f"dbworker_{name}": plan[i] for i, name in enumerate(PLAN_SETTINGS)}
+            conn.info[_PLANNED] = (conn.get_transaction(), old)
         return int(found), watermark if largest is None else largest
 
-    def _discovery_statement(self, worker: WorkerTable) -> Any:
+    def _discovery_statement(self, worker: WorkerTable, plan_claim: bool = False) -> Any:
         table, pk = worker.table, worker.source_pk
         newest = select(func.max(table.c.source_id)).scalar_subquery()
 
@@ -160,12 +194,19 @@ class PostgreSQLDialect(Dialect):
         # Each CTE is read, so that SQLAlchemy renders the INSERT (PostgreSQL runs a
         # data-modifying CTE once whether or not it is read). The statement's one
         # snapshot gives every read of ``newest`` the watermark it started from.
-        return select(
+        statement = select(
             select(func.count()).select_from(found).scalar_subquery(),
             select(func.max(found.c.source_id)).scalar_subquery(),
             select(func.count()).select_from(added).scalar_subquery(),
             newest,
         )
+        if not plan_claim:
+            return statement
+        # _GUARD's work as columns: the settings read in a subquery evaluated first
+        # (OFFSET 0), then switched off as this statement executes (it was planned
+        # already), for the claim's statement, planned next.
+        plan = _GUARD_READ.subquery("dbworker_plan")
+        return statement.add_columns(*plan.c, *_GUARD_OFF).select_from(plan)
 
     # -- claiming ------------------------------------------------------------------------
 
@@ -312,7 +353,11 @@ class PostgreSQLDialect(Dialect):
 
     def _guard(self, conn: Connection) -> dict[str, str]:
         """Switch PLAN_SETTINGS off for the next statement, which restores them from the
-        parameters returned here."""
+        parameters returned here (a discovery just before, in the same transaction,
+        switched them off already: ``discover_for_claim``)."""
+        planned = conn.info.pop(_PLANNED, None)
+        if planned is not None and planned[0] is conn.get_transaction():
+            return dict(planned[1])
         row = self._rows_of(conn, "plan_guard", _GUARD, {})[0]
         return {f"dbworker_{name}": row[i] for i, name in enumerate(PLAN_SETTINGS)}
 

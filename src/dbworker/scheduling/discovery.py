@@ -100,13 +100,18 @@ class DiscoverySchedule:
                 )
             self.next_sweep = now + SWEEP_EVERY_SECONDS
 
-    def discover(self, conn: Connection, dialect: Dialect, table: WorkerTable) -> Any:
+    def discover(
+        self, conn: Connection, dialect: Dialect, table: WorkerTable, claim_follows: bool = False
+    ) -> Any:
         """Add the pending records of new rows in ``conn``'s transaction (the claim's,
-        so that a wake-up's rows are discovered and claimed with one COMMIT); the new
-        watermark, for ``discovered`` once that transaction committed."""
+        so that a wake-up's rows are discovered and claimed with one COMMIT, when
+        ``claim_follows``); the new watermark, for ``discovered`` once that transaction
+        committed."""
         if not table.monotonic_keys:
             dialect.discover(conn, table)
             return None
+        if claim_follows:
+            return dialect.discover_for_claim(conn, table)[1]
         return dialect.discover_to_watermark(conn, table)[1]
 
     def discovered(self, watermark: Any, now: float) -> None:

@@ -341,7 +341,7 @@ class Scheduler:
                 # One transaction, one COMMIT: after a wake-up, discovery's own commit
                 # was most of the time from the wake-up to the claim.
                 found = (
-                    state.discovery.discover(conn, self.dialect, worker.table)
+                    state.discovery.discover(conn, self.dialect, worker.table, claim_follows=True)
                     if discovered
                     else None
                 )
