@@ -221,7 +221,8 @@ def test_a_discovery_of_its_own_keeps_the_claims_guard_apart(database_url: str) 
     class OwnDiscovery(base):  # type: ignore[valid-type,misc]
         def discover_to_watermark(self, conn: Any, worker: Any) -> tuple[int, Any]:
             self.ran = True
-            return super().discover_to_watermark(conn, worker)
+            found: tuple[int, Any] = super().discover_to_watermark(conn, worker)
+            return found
 
     assert not OwnDiscovery.prepares_claim_in_discovery
     with Harness(lambda _clock: OwnDiscovery(), database_url) as h:

@@ -149,10 +149,13 @@ class PostgreSQLDialect(Dialect):
             and worker.monotonic_keys
         ):
             return super().discover_for_claim(conn, worker)
-        return self._discover_above_watermark(conn, worker, plan_claim=True)
+        return self._discover_in_one(conn, worker, plan_claim=True)
 
-    def _discover_above_watermark(
-        self, conn: Connection, worker: WorkerTable, plan_claim: bool = False
+    def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
+        return self._discover_in_one(conn, worker, plan_claim=False)
+
+    def _discover_in_one(
+        self, conn: Connection, worker: WorkerTable, plan_claim: bool
     ) -> tuple[int, Any]:
         # The keys above the watermark go from the source table into pending records
         # in one statement: sent back as parameters, psycopg executed one INSERT per
