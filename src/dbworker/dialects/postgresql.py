@@ -72,26 +72,22 @@ PLAN_SETTINGS: tuple[str, ...] = ("enable_seqscan", "enable_bitmapscan", "enable
 # Reads the current values (the subquery is evaluated first: OFFSET 0 keeps it from
 # being merged into the outer select list) and switches the choices off until the end
 # of the transaction; the claim restores them as it runs, so they apply to no other
-# statement. A setting is read when a statement is planned, before it executes.
-_GUARD = text(
-    "SELECT {old}, {off} FROM (SELECT {read} OFFSET 0) AS dbworker_plan".format(
-        old=", ".join(f"dbworker_plan.{name}" for name in PLAN_SETTINGS),
-        off=", ".join(f"set_config('{name}', 'off', true)" for name in PLAN_SETTINGS),
-        read=", ".join(f"current_setting('{name}') AS {name}" for name in PLAN_SETTINGS),
+# statement. A setting is read when a statement is planned, before it executes. Alone
+# (_GUARD), or as columns of the discovery just before a claim (discover_for_claim).
+_GUARD_READ = (
+    text(
+        "SELECT {} OFFSET 0".format(
+            ", ".join(f"current_setting('{name}') AS {name}" for name in PLAN_SETTINGS)
+        )
     )
-).columns(  # its result's columns, by position: run on the driver's cursor (_rows_of)
-    *[column(f"dbworker_{name}", String()) for name in PLAN_SETTINGS],
-    *[column(f"dbworker_{name}_off", String()) for name in PLAN_SETTINGS],
+    .columns(*[column(name, String()) for name in PLAN_SETTINGS])
+    .subquery("dbworker_plan")
 )
-# _GUARD's parts, for a statement that carries it in its own columns (discovery's).
-_GUARD_READ = text(
-    "SELECT {} OFFSET 0".format(
-        ", ".join(f"current_setting('{name}') AS {name}" for name in PLAN_SETTINGS)
-    )
-).columns(*[column(name, String()) for name in PLAN_SETTINGS])
 _GUARD_OFF: list[ColumnElement[Any]] = [
     literal_column(f"set_config('{name}', 'off', true)") for name in PLAN_SETTINGS
 ]
+# Its result's columns by position, the values read first: run on the driver's cursor.
+_GUARD = select(*_GUARD_READ.c, *_GUARD_OFF)
 # Restores what _GUARD read: an uncorrelated condition, which PostgreSQL evaluates once,
 # as a one-time filter, when the statement starts executing (planning is over by then).
 _RESTORE = text(
@@ -208,8 +204,7 @@ class PostgreSQLDialect(Dialect):
         # _GUARD's work as columns: the settings read in a subquery evaluated first
         # (OFFSET 0), then switched off as this statement executes (it was planned
         # already), for the claim's statement, planned next.
-        plan = _GUARD_READ.subquery("dbworker_plan")
-        return statement.add_columns(*plan.c, *_GUARD_OFF).select_from(plan)
+        return statement.add_columns(*_GUARD_READ.c, *_GUARD_OFF).select_from(_GUARD_READ)
 
     # -- claiming ------------------------------------------------------------------------
 
