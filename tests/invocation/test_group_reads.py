@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from dbworker import Finished, Outcome
 from dbworker.core.tasks import ResultKind
+from dbworker.invocation.session import HandlerSession
 
 from .test_group import WORKER, GroupItem, Rig, rig, run_all  # noqa: F401  (the fixture)
 
@@ -82,3 +83,46 @@ def test_a_worker_whose_handlers_write_is_read_by_item_from_then_on(rig: Any) ->
         assert _run(setup) == [ResultKind.FINISHED] * 4
     assert _reads(sent) == 4, sent
     assert setup.finished_count() == 4
+
+
+@contextmanager
+def session_commits() -> Iterator[list[int]]:
+    """The handler sessions' commits meanwhile (the source id each was for)."""
+    committed: list[int] = []
+    original = HandlerSession.commit
+
+    def commit(self: HandlerSession) -> None:
+        committed.append(min(item.id for item in self.identity_map.values()))  # type: ignore[attr-defined]
+        original(self)
+
+    HandlerSession.commit = commit  # type: ignore[method-assign]
+    try:
+        yield committed
+    finally:
+        HandlerSession.commit = original  # type: ignore[method-assign]
+
+
+def test_a_quiet_items_session_is_not_committed(rig: Any) -> None:  # noqa: F811
+    # It began no savepoint: its commit would be the ORM's bookkeeping alone.
+    setup = rig(["nothing", "nothing", "write-next"])
+    with session_commits() as committed:
+        assert _run(setup) == [ResultKind.FINISHED] * 3
+    assert committed == [3], "only the item that sent a statement"
+    assert setup.finished_count() == 3
+
+
+def test_a_listened_for_session_end_keeps_every_commit(rig: Any) -> None:  # noqa: F811
+    setup = rig(["nothing"] * 3)
+    ended: list[int] = []
+
+    def after_commit(session: Session) -> None:
+        ended.append(len(session.identity_map))
+
+    event.listen(HandlerSession, "after_commit", after_commit)
+    try:
+        with session_commits() as committed:
+            assert _run(setup) == [ResultKind.FINISHED] * 3
+    finally:
+        event.remove(HandlerSession, "after_commit", after_commit)
+    assert committed == [1, 2, 3]
+    assert ended == [1, 1, 1], "each item's session ended as a commit, as before"
