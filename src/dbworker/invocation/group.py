@@ -275,11 +275,11 @@ def end_in_savepoint(
             roll_back_item(session)
             return Result(task.key, ResultKind.LOST)
     session._dbworker_guarded = False
+    # A session that began no savepoint (it sent no statement) has nothing to commit:
+    # unless someone listens for its transaction's end, its commit would only run the
+    # ORM's bookkeeping (8-9 µs, about a sixteenth of a no-op item's CPU here).
     if conn.in_nested_transaction() or _listens_for_its_end(session):
         commit_kept(conn, session.commit)
-    # Else its session began no savepoint (it sent no statement), so there is nothing
-    # of it to commit, and no one listens for the end of its transaction: its commit
-    # would only run the ORM's bookkeeping, a third of a no-op item's CPU here.
     return Result(task.key, kind)
 
 
