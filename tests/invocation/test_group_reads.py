@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from sqlalchemy import event, update
 from sqlalchemy.orm import Session
 
@@ -85,9 +86,8 @@ def test_a_worker_whose_handlers_write_is_read_by_item_from_then_on(rig: Any) ->
     assert setup.finished_count() == 4
 
 
-@contextmanager
-def session_commits() -> Iterator[list[int]]:
-    """The handler sessions' commits meanwhile (the source id each was for)."""
+def session_commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The handler sessions' commits from now on (the source id each was for)."""
     committed: list[int] = []
     original = HandlerSession.commit
 
@@ -95,33 +95,36 @@ def session_commits() -> Iterator[list[int]]:
         committed.append(min(item.id for item in self.identity_map.values()))  # type: ignore[attr-defined]
         original(self)
 
-    HandlerSession.commit = commit  # type: ignore[method-assign]
-    try:
-        yield committed
-    finally:
-        HandlerSession.commit = original  # type: ignore[method-assign]
+    monkeypatch.setattr(HandlerSession, "commit", commit)
+    return committed
 
 
-def test_a_quiet_items_session_is_not_committed(rig: Any) -> None:  # noqa: F811
+def test_a_quiet_items_session_is_not_committed(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # It began no savepoint: its commit would be the ORM's bookkeeping alone.
     setup = rig(["nothing", "nothing", "write-next"])
-    with session_commits() as committed:
-        assert _run(setup) == [ResultKind.FINISHED] * 3
+    committed = session_commits(monkeypatch)
+    assert _run(setup) == [ResultKind.FINISHED] * 3
     assert committed == [3], "only the item that sent a statement"
     assert setup.finished_count() == 3
 
 
-def test_a_listened_for_session_end_keeps_every_commit(rig: Any) -> None:  # noqa: F811
+def test_a_listened_for_session_end_keeps_every_commit(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     setup = rig(["nothing"] * 3)
     ended: list[int] = []
 
     def after_commit(session: Session) -> None:
         ended.append(len(session.identity_map))
 
+    committed = session_commits(monkeypatch)
     event.listen(HandlerSession, "after_commit", after_commit)
     try:
-        with session_commits() as committed:
-            assert _run(setup) == [ResultKind.FINISHED] * 3
+        assert _run(setup) == [ResultKind.FINISHED] * 3
     finally:
         event.remove(HandlerSession, "after_commit", after_commit)
     assert committed == [1, 2, 3]

@@ -28,6 +28,7 @@ from sqlalchemy.orm import (
 )
 
 from ..dialects.driver_cursor import DriverForms, all_rows, first_row
+from .session import listened
 
 #: Relationship loaders that leave the attribute unloaded until it is read, as an
 #: instance made from the row leaves it; any other loader fills it during the load.
@@ -198,6 +199,4 @@ def _attribute(mapper: Mapper[Any], column: Column[Any]) -> str:
 def _hooked(session: Session, instance_events: Any) -> bool:
     # Checked at each load: listeners can be added to the Session class or the mapped
     # class at any time, and each must see the load as it would through the ORM.
-    return any(getattr(session.dispatch, name) for name in _SESSION_HOOKS) or any(
-        getattr(instance_events, name) for name in _INSTANCE_HOOKS
-    )
+    return listened(session.dispatch, _SESSION_HOOKS) or listened(instance_events, _INSTANCE_HOOKS)

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Mapper, Session
 from sqlalchemy.sql import ClauseElement
 
 from .loading import plain_columns
+from .session import listened
 
 #: Session events a flush or its commit fires: with one listening, only the ORM's flush
 #: is the same.
@@ -77,7 +78,7 @@ class PlainInserts:
             self._plans[mapper] = _Plan.of(mapper)
         plan = self._plans[mapper]
         # Listeners may be added at any time: checked at each write.
-        if plan is None or any(getattr(mapper.dispatch, name) for name in _MAPPER_HOOKS):
+        if plan is None or listened(mapper.dispatch, _MAPPER_HOOKS):
             return None
         return plan
 
@@ -136,4 +137,4 @@ class _Plan:
 
 
 def _hooked(session: Session) -> bool:
-    return any(getattr(session.dispatch, name) for name in _SESSION_HOOKS)
+    return listened(session.dispatch, _SESSION_HOOKS)

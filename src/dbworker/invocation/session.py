@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from ..core.errors import HandlerContractError
+
+
+def listened(dispatch: Any, events: Iterable[str]) -> bool:
+    """Whether any of ``events`` has a listener on ``dispatch`` (a session's, a mapper's
+    or a class's): checked at each use, as listeners may be added at any time."""
+    return any(getattr(dispatch, name) for name in events)
 
 
 class HandlerSession(Session):
