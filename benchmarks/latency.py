@@ -57,6 +57,7 @@ from ._common import (
     summarize,
     write_report,
 )
+from .latency_limit import measure_pickup_limit
 from .latency_trace import TRACE_ENV, breakdown
 from .throughput import REDIS_URL, REPOSITORY, _read_json_line, child_environment, stop_process
 
@@ -290,6 +291,37 @@ def run_celery(gaps: Sequence[float], args: argparse.Namespace) -> dict[str, Any
     }
 
 
+def run_limit(backend: str, gaps: Sequence[float], args: argparse.Namespace) -> dict[str, Any]:
+    """The pickup limit on ``backend`` (``benchmarks.latency_limit``)."""
+    committed, started = measure_pickup_limit(backend, gaps, args)
+    return {
+        "system": f"limit/{backend}",
+        "items": len(committed),
+        "pickup": latency_summary([started[i] - t for i, t in committed.items()]),
+    }
+
+
+def ratios(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Pickup p50 and p95 of each system against Celery's and against its database's
+    limit, and each limit against Celery's."""
+    found: dict[str, Any] = {}
+    celery = runs.get("celery_fast", {}).get("pickup")
+    for name, run in runs.items():
+        if name == "celery_fast":
+            continue
+        pickup, against = run["pickup"], {}
+        if celery is not None:
+            against["celery"] = celery
+        backend = name.split("/")[1]
+        limit = runs.get(f"limit/{backend}", {}).get("pickup")
+        if limit is not None and not name.startswith("limit/"):
+            against["limit"] = limit
+        for other, theirs in against.items():
+            for q in ("p50_ms", "p95_ms"):
+                found.setdefault(name, {})[f"{q[:3]}_vs_{other}"] = round(pickup[q] / theirs[q], 3)
+    return found
+
+
 def acceptance(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Issue 12's bars, checked on this run's figures."""
     checks: dict[str, Any] = {}
@@ -329,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-settle", type=float, default=140.0, help="seconds")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="0: skip")
     parser.add_argument("--no-celery", action="store_true")
+    parser.add_argument(
+        "--no-limit", action="store_true", help="leave out the raw-driver pickup limit"
+    )
     parser.add_argument("--modes", default="notify,poll", help="notify,poll")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument(
@@ -348,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         log("celery: measuring")
         runs["celery_fast"] = run_celery(gaps, args)
     for backend in args.dialects:
+        if not args.no_limit:
+            log(f"limit/{backend}: measuring")
+            runs[f"limit/{backend}"] = run_limit(backend, gaps, args)
+            log(f"  pickup {runs[f'limit/{backend}']['pickup']}")
         for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
             log(f"dbworker/{backend}/{mode}: measuring")
             run = run_dbworker(backend, mode == "notify", gaps, args)
@@ -356,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             if "stages" in run:
                 log(f"  stages {run['stages']}")
     report["runs"] = runs
+    report["ratios"] = ratios(runs)
     if args.idle_seconds > 0:
         log("idle cost: measuring every database at once")
         report["idle"] = measure_idle(args.dialects, args)
@@ -363,7 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     write_report(args.output, report)
     print(
         json.dumps(
-            {"runs": {k: v["pickup"] for k, v in runs.items()}, "acceptance": report["acceptance"]},
+            {
+                "runs": {k: v["pickup"] for k, v in runs.items()},
+                "ratios": report["ratios"],
+                "acceptance": report["acceptance"],
+            },
             indent=2,
         )
     )
