@@ -3,6 +3,7 @@ and an outbox of transitions retried, in order, until the database accepts them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -72,6 +73,13 @@ class Outbox:
         self._wait = 0.0
         #: No transaction is tried before this (``time.monotonic()``) after an error.
         self.blocked_until = 0.0
+        #: The scheduler thread's connection, kept between its transactions: a checkout
+        #: and a checkin per transaction cost 40 us on SQLite and 65-170 us on
+        #: PostgreSQL and MariaDB, on the path from a wake-up to a claim. Dropped after
+        #: any error, so that the next transaction starts from a connection the pool
+        #: has checked.
+        self._conn: Connection | None = None
+        self._read_only = False
 
     def transaction(
         self,
@@ -89,12 +97,18 @@ class Outbox:
         if time.monotonic() < self.blocked_until:
             raise Deferred
         try:
-            with self.engine.connect() as conn:
-                if read_only:
-                    conn = conn.execution_options(**{READ_ONLY_OPTION: True})
-                with conn.begin():
-                    result = action(conn)
+            conn = self._conn
+            if conn is None:
+                conn = self._conn = self.engine.connect()
+                self._read_only = False
+            if read_only != self._read_only:
+                # In place (SQLAlchemy 2): the option stays until it is set again.
+                conn.execution_options(**{READ_ONLY_OPTION: read_only})
+                self._read_only = read_only
+            with conn.begin():
+                result = action(conn)
         except Exception as exc:
+            self.close()
             self._error(description, exc, extra)
             raise Deferred from exc
         if not self.health.database_ok:
@@ -102,6 +116,13 @@ class Outbox:
         self.health.database_ok = True
         self._wait = 0.0
         return result
+
+    def close(self) -> None:
+        """Give the kept connection back to the pool (after an error, at the end)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _error(self, description: str, exc: Exception, extra: dict[str, Any] | None) -> None:
         if isinstance(exc, ClaimContention) or self.dialect.is_contention(exc):
