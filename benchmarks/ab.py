@@ -56,6 +56,7 @@ ARGUMENTS = {
         "--modes",
         "notify",
         "--no-celery",
+        "--no-limit",
         "--idle-seconds",
         "0",
     ],

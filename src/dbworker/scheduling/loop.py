@@ -97,7 +97,7 @@ class Scheduler:
             state.executor.start()
         self.health.running = True
         if self.wakeups is not None:
-            self.wakeups.start(self.wake_workers)
+            self.wakeups.start(self.wake_workers, self._received)
         self.thread.start()
 
     def request_stop(self, kill_after: float | None) -> None:
@@ -112,13 +112,17 @@ class Scheduler:
 
     def wake_workers(self, names: set[str] | None) -> None:
         """New work may be there for ``names`` (None: every worker): poll them now."""
+        self._received(names)
+        self.wake()
+
+    def _received(self, names: set[str] | None) -> None:
+        """``wake_workers`` from this loop's own thread, which needs no waking."""
         with self._woken_lock:
             self.wakeups_received += 1
             if names is None:
                 self._woken.add(None)
             else:
                 self._woken |= names
-        self.wake()
 
     # -- the loop ------------------------------------------------------------------
 
@@ -160,6 +164,7 @@ class Scheduler:
         finally:
             if self.wakeups is not None:
                 self.wakeups.stop()
+            self.outbox.close()
             for state in self.states.values():
                 state.executor.shutdown()
             self.health.running = False
@@ -203,6 +208,8 @@ class Scheduler:
             deadlines.append(self._next_held_check)
         wait_for = max(0.0, min(deadlines) - now)
         fds = [self._wake_read.fileno()]
+        if self.wakeups is not None:
+            fds += self.wakeups.wait_handles()
         for state in self.states.values():
             fds += [_fileno(handle) for handle in state.executor.wait_handles()]
         if self._waiter.wait(fds, wait_for):
@@ -211,6 +218,8 @@ class Scheduler:
                     pass
             except (BlockingIOError, OSError):
                 pass
+            if self.wakeups is not None:
+                self.wakeups.receive()
 
     def _collect(self) -> None:
         completed: set[str] = set()

@@ -16,7 +16,6 @@ A message is the names of the workers concerned, separated by spaces.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import logging
 import os
@@ -33,7 +32,6 @@ RUNTIME_DIR_ENV = "DBWORKER_RUNTIME_DIR"
 #: A datagram carries at most this much; longer messages wake every worker.
 MAX_MESSAGE = 8192
 _WAKE_ALL = b"*"
-_STOP = b"\0stop"
 
 
 def runtime_dir() -> Path:
@@ -116,18 +114,19 @@ class Sender:
 
 
 class Receiver:
-    """One coordinator's socket and the thread that turns its messages into wake-ups."""
+    """One coordinator's socket. Its messages become wake-ups when the loop that waits
+    on ``fileno()`` calls ``receive()``: the scheduler's own thread, which a thread of
+    the socket's own would have to wake, one more hand-over on the way to a claim."""
 
     def __init__(self, identity: str, wake: Callable[[set[str] | None], None]) -> None:
         self.directory = channel_dir(identity)
         self._wake = wake
         self._socket: socket.socket | None = None
         self.path: Path | None = None
-        self._thread: threading.Thread | None = None
 
     def start(self) -> bool:
-        """Bind the socket and start reading; False (said once in the log) if this host
-        cannot have one, in which case polling finds the work."""
+        """Bind the socket; False (said once in the log) if this host cannot have one,
+        in which case polling finds the work."""
         try:
             _prepare(self.directory)
             path = self.directory / f"{os.getpid()}-{secrets.token_hex(4)}.sock"
@@ -142,24 +141,23 @@ class Receiver:
                 "dbworker: no local wake-up channel (%s); new work is found by polling", exc
             )
             return False
+        sock.setblocking(False)
         self._socket, self.path = sock, path
-        self._thread = threading.Thread(
-            target=self._run, name="dbworker-local-wakeups", daemon=True
-        )
-        self._thread.start()
         return True
 
-    def _run(self) -> None:
+    def fileno(self) -> int | None:
+        """The socket's descriptor, readable when messages wait; None if not bound."""
+        return None if self._socket is None else self._socket.fileno()
+
+    def receive(self) -> None:
+        """Turn every message waiting into a wake-up; returns at once if none waits."""
         sock = self._socket
-        assert sock is not None
-        while True:
+        while sock is not None:
             try:
                 message = sock.recv(MAX_MESSAGE + 1)
-            except OSError as exc:
-                if exc.errno not in (errno.EINTR, errno.EAGAIN):
-                    return
+            except InterruptedError:
                 continue
-            if message == _STOP:
+            except OSError:  # BlockingIOError: nothing more waits
                 return
             self._wake(None if message == _WAKE_ALL else set(message.decode().split()))
 
@@ -167,10 +165,6 @@ class Receiver:
         sock, path = self._socket, self.path
         if sock is None or path is None:
             return
-        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(_STOP, str(path))
-        if self._thread is not None:
-            self._thread.join(timeout=5)
         with contextlib.suppress(OSError):
             path.unlink()
         with contextlib.suppress(OSError):

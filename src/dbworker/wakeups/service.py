@@ -46,14 +46,27 @@ class Wakeups:
         self.listener: Listener | None = None
         self.receiver: Receiver | None = None
 
-    def start(self, wake: Wake) -> None:
+    def start(self, wake: Wake, received: Wake) -> None:
+        """Start listening. ``wake`` is called from the listener's thread (PostgreSQL);
+        ``received`` from the loop that waits on ``wait_handles()`` and calls
+        ``receive()`` (the local channel)."""
         if self._notify:
             channels = {w.channel: w.name for w in self.workers}
             self.listener = Listener(self._engine, channels, wake, self.ident)
             self.listener.start()
         else:
-            self.receiver = Receiver(self._identity, wake)
+            self.receiver = Receiver(self._identity, received)
             self.receiver.start()
+
+    def wait_handles(self) -> list[int]:
+        """Descriptors readable when wake-ups wait for ``receive()``."""
+        fd = None if self.receiver is None else self.receiver.fileno()
+        return [] if fd is None else [fd]
+
+    def receive(self) -> None:
+        """The wake-ups waiting on ``wait_handles()``, passed to ``received``."""
+        if self.receiver is not None:
+            self.receiver.receive()
 
     def ready(self) -> bool:
         """Whether wake-ups are being received now (a listener connected, a socket bound)."""
