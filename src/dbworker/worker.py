@@ -165,6 +165,9 @@ class Registration:
     rate_limit: str | None = None
     rate_limit_by: Any = None
     table: WorkerTable = field(init=False)
+    #: The query of a worker without ``eligible``, built once: the same object at every
+    #: claim, whose statement the dialect then finds without building its cache key.
+    _default_eligible: Select[Any] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         mapper = source_mapper(self.source)
@@ -182,7 +185,9 @@ class Registration:
     def eligible_query(self) -> Select[Any]:
         """Call ``eligible`` and check that it selects the source model."""
         if self.eligible is None:
-            return select(self.source).order_by(self.table.source_pk)
+            if self._default_eligible is None:
+                self._default_eligible = select(self.source).order_by(self.table.source_pk)
+            return self._default_eligible
         query = self.eligible()
         if not isinstance(query, Select):
             raise ConfigurationError(

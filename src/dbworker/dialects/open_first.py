@@ -249,7 +249,7 @@ def reuse(
     they do in SQLAlchemy's own statement cache, and the limit. ``build()`` returns
     the statement and the key of its LIMIT parameter.
     """
-    cache_key = eligible._generate_cache_key()
+    cache_key = dialect._eligible_cache_key(key, eligible)
     if cache_key is None or dialect.clock is not None:
         # An element SQLAlchemy cannot cache, or a test clock's literal "now".
         return build()[0], {}
