@@ -82,7 +82,10 @@ def install() -> None:
     from dbworker.scheduling.discovery import DiscoverySchedule
     from dbworker.scheduling.loop import Scheduler
 
-    _wrap(Scheduler, "wake_workers", lambda *_: _note("wake", "-"), None)
+    # ``_received``: every wake-up, from the listener's thread or the scheduler's own (the
+    # local channel); ``wake_workers`` (older trees): the listener's and the local thread's.
+    wake_mark = "_received" if hasattr(Scheduler, "_received") else "wake_workers"
+    _wrap(Scheduler, wake_mark, lambda *_: _note("wake", "-"), None)
     _wrap(Scheduler, "_take_wakeups", lambda *_: _note("pass", "-"), None)
     # ``discover``: in the claim's transaction; ``run`` (older trees): a transaction of its own.
     _wrap(
