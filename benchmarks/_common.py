@@ -166,6 +166,16 @@ def new_report(
     }
 
 
+def append_line(path: str, line: str) -> None:
+    """Append ``line`` to the file at ``path`` in one write (O_APPEND): whole lines from
+    several processes at once."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def log(message: str) -> None:
     """Progress on stderr, stamped with the local time (stdout stays for results)."""
     print(f"[{dt.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)

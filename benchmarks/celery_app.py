@@ -24,6 +24,7 @@ from typing import Any
 
 from celery import Celery
 
+from ._common import append_line
 from .io_trace import mark
 
 REDIS_URL = os.environ.get("DBWORKER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -80,12 +81,7 @@ def _noop() -> None:
 
 def _stamp(item_id: int, path: str) -> None:
     """Note when the task started (``benchmarks.latency``): ``<id> <epoch seconds>``."""
-    line = f"{item_id} {time.time():.6f}\n".encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_line(path, f"{item_id} {time.time():.6f}\n")
 
 
 def _wait(seconds: float) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import multiprocessing
-import os
 import select
 import socket
 import sys
@@ -43,7 +42,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ._common import scratch_database
+from ._common import append_line, scratch_database
 from .limit import (
     ITEMS,
     NOW,
@@ -168,12 +167,7 @@ def handler_main(spec: RunnerSpec, notes: str, claims: Connection, control: Conn
                 cur.execute("BEGIN IMMEDIATE")
             cur.execute(runner.load, (source_id,))
             cur.fetchone()
-            line = f"{source_id} start {time.time():.6f}\n".encode()
-            fd = os.open(notes, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            append_line(notes, f"{source_id} start {time.time():.6f}\n")
             cur.execute(runner.finish, (source_id, token))
             if cur.rowcount != 1:
                 raise RuntimeError(f"the claim of {source_id} (token {token}) was lost")
