@@ -208,17 +208,18 @@ class Scheduler:
             deadlines.append(self._next_held_check)
         wait_for = max(0.0, min(deadlines) - now)
         fds = [self._wake_read.fileno()]
-        if self.wakeups is not None:
-            fds += self.wakeups.wait_handles()
+        received = [] if self.wakeups is None else self.wakeups.wait_handles()
+        fds += received
         for state in self.states.values():
             fds += [_fileno(handle) for handle in state.executor.wait_handles()]
-        if self._waiter.wait(fds, wait_for):
+        ready = self._waiter.wait(fds, wait_for)
+        if ready:
             try:
                 while self._wake_read.recv(4096):
                     pass
             except (BlockingIOError, OSError):
                 pass
-            if self.wakeups is not None:
+            if self.wakeups is not None and not ready.isdisjoint(received):
                 self.wakeups.receive()
 
     def _collect(self) -> None:
@@ -410,7 +411,8 @@ class _Waiter:
         self._poll = select.poll()
         self._fds: set[int] = set()
 
-    def wait(self, fds: list[int], timeout: float) -> bool:
+    def wait(self, fds: list[int], timeout: float) -> set[int]:
+        """The descriptors that became readable (none: the timeout passed)."""
         wanted = set(fds)
         if wanted != self._fds:
             for fd in self._fds - wanted:
@@ -419,4 +421,4 @@ class _Waiter:
                 self._poll.register(fd, select.POLLIN)
             self._fds = wanted
         # poll() takes milliseconds; round up so a deadline is not missed by a hair.
-        return bool(self._poll.poll(max(0, math.ceil(timeout * 1000))))
+        return {fd for fd, _ in self._poll.poll(max(0, math.ceil(timeout * 1000)))}
