@@ -25,6 +25,11 @@ worker starts after its prerequisite finishes.
 * Celery: ``celery worker --pool prefork --concurrency 2`` (``benchmarks.celery_app``,
   ``fast``: no result backend, late acks) on a private queue; the same gaps; latency is
   the task's start minus the moment ``apply_async`` returned.
+* The limit (``benchmarks.latency_limit``; ``--no-limit`` leaves it out): on each
+  database, a runner on the raw driver that keeps dbworker's contract (a claim committed
+  before a handler process loads its row), woken as dbworker is, with the same gaps.
+  ``ratios`` gives each system's p50 and p95 against Celery's and against its
+  database's limit.
 
 Results go to ``benchmarks/results/latency.json`` (``--output``), with an
 ``acceptance`` block for issue 12's bars. Run: ``python -m benchmarks.latency --help``.
