@@ -223,22 +223,13 @@ class _Application:
     """The application's connection: one row per transaction, then a wake-up datagram
     where the database has no NOTIFY."""
 
-    def __init__(self, backend: str, connect: dict[str, Any], wake_path: str) -> None:
-        self.backend = backend
+    def __init__(self, spec: RunnerSpec, wake_path: str) -> None:
+        self.backend = spec.backend
         self.wake_path = wake_path
-        if backend == "postgresql":
-            import psycopg
-
-            self.conn: Any = psycopg.connect(**connect)
-        elif backend == "mysql":
-            import MySQLdb  # type: ignore[import-untyped]
-
-            self.conn = MySQLdb.connect(**connect)
-        else:
-            import sqlite3
-
-            self.conn = sqlite3.connect(connect["database"], timeout=30.0)
-        self.insert = f"INSERT INTO {ITEMS} (id) VALUES ({PARAM[backend]})"
+        # The runners' own connection (on SQLite one without an implicit BEGIN: each
+        # INSERT is its own transaction).
+        self.conn = RUNNERS[spec.backend](spec).conn
+        self.insert = f"INSERT INTO {ITEMS} (id) VALUES ({PARAM[spec.backend]})"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 
     def commit_row(self, item_id: int) -> float:
@@ -310,7 +301,7 @@ def measure_pickup_limit(
             claimer.start()
             handler.start()
             _expect([ours_c, ours_h], "ready", args.timeout)
-            application = _Application(backend, spec.connect, wake_path)
+            application = _Application(spec, wake_path)
             for item_id in range(1, args.warmup + 1):
                 application.commit_row(item_id)
                 _started(notes, item_id, args.timeout)

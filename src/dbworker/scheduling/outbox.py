@@ -79,7 +79,6 @@ class Outbox:
         #: any error, so that the next transaction starts from a connection the pool
         #: has checked.
         self._conn: Connection | None = None
-        self._read_only = False
 
     def transaction(
         self,
@@ -100,11 +99,9 @@ class Outbox:
             conn = self._conn
             if conn is None:
                 conn = self._conn = self.engine.connect()
-                self._read_only = False
-            if read_only != self._read_only:
+            if conn.get_execution_options().get(READ_ONLY_OPTION, False) != read_only:
                 # In place (SQLAlchemy 2): the option stays until it is set again.
                 conn.execution_options(**{READ_ONLY_OPTION: read_only})
-                self._read_only = read_only
             with conn.begin():
                 result = action(conn)
         except Exception as exc:
