@@ -4,6 +4,7 @@ idle polls run, the local channel's sockets, and the pooler check of the listene
 from __future__ import annotations
 
 import gc
+import os
 import select as io_select
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from dbworker import Coordinator, ExecutionStatus
 from dbworker.dialects import for_url
 from dbworker.scheduling.discovery import SWEEP_HORIZON_SECONDS, DiscoverySchedule
-from dbworker.wakeups.local import RUNTIME_DIR_ENV, Receiver, Sender
+from dbworker.wakeups.local import QUIET_SECONDS, RUNTIME_DIR_ENV, Receiver, Sender
 from dbworker.wakeups.postgresql import Listener, PoolerDetected
 from dbworker.wakeups.targets import by_table, dependents
 
@@ -138,6 +139,46 @@ def test_the_local_channel_wakes_by_name_and_removes_dead_sockets(
     finally:
         receiver.stop()
     assert receiver.path is not None and not receiver.path.exists()
+    shutil.rmtree(runtime)
+
+
+def test_a_sender_lists_the_sockets_again_only_when_the_directory_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime = Path(tempfile.mkdtemp(prefix="dbw"))
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(runtime / "run"))
+    listings: list[str] = []
+    scandir = os.scandir
+
+    def counted(path: Any) -> Any:
+        listings.append(str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counted)
+    got: list[set[str] | None] = []
+    first = Receiver("sqlite:/x.db", got.append)
+    second = Receiver("sqlite:/x.db", got.append)
+    assert first.start()
+    try:
+        sender = Sender("sqlite:/x.db")
+        # A directory changed a moment ago is listed at every send: a socket bound in
+        # the same tick of the file system's clock would not change its time.
+        assert sender.send({"a"}) == 1
+        assert sender.send({"a"}) == 1
+        assert len(listings) == 2
+        aged = time.time() - 2 * QUIET_SECONDS
+        os.utime(first.directory, (aged, aged))
+        assert sender.send({"a"}) == 1
+        assert sender.send({"a"}) == 1
+        assert sender.send({"a"}) == 1
+        assert len(listings) == 3  # quiet and unchanged: the listing is kept
+        assert second.start()  # a coordinator that starts later is reached
+        assert sender.send({"b"}) == 2
+        assert _received(second, got, 10)
+        assert {"b"} in got
+    finally:
+        first.stop()
+        second.stop()
     shutil.rmtree(runtime)
 
 

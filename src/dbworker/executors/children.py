@@ -18,7 +18,7 @@ import os
 import pickle
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
@@ -181,16 +181,46 @@ class Child:
             pass
         return None
 
-    def alive(self) -> bool:
-        """Whether the process runs (its sentinel, when it has one, says so cheaply)."""
+    def alive(self, ended: Container[int] | None = None) -> bool:
+        """Whether the process runs (its sentinel, when it has one, says so cheaply).
+        ``ended``: the sentinels found readable (``Exits``), asked for all at once."""
         sentinel = self.process.sentinel
         if isinstance(sentinel, int):
-            try:
-                if not select.select([sentinel], [], [], 0)[0]:
+            if ended is not None:
+                if sentinel not in ended:
                     return True
-            except (OSError, ValueError):
-                pass
+            else:
+                try:
+                    if not select.select([sentinel], [], [], 0)[0]:
+                        return True
+                except (OSError, ValueError):
+                    pass
         return bool(self.process.is_alive())
+
+
+class Exits:
+    """Which of a pool's processes may have ended, as their sentinels say: asked of
+    all of them in one system call, at the first ``in`` (``Child.alive(exits)``), where
+    each child's own look was one (after an idle spell, tens of microseconds each)."""
+
+    def __init__(self, children: Sequence[Child]) -> None:
+        self._children = children
+        self._readable: set[int] | None = None
+
+    def __contains__(self, sentinel: object) -> bool:
+        if self._readable is None:
+            self._readable = self._look()
+        return sentinel in self._readable
+
+    def _look(self) -> set[int]:
+        sentinels = [s for c in self._children if isinstance(s := c.process.sentinel, int)]
+        watch = select.poll()
+        for sentinel in sentinels:
+            watch.register(sentinel, select.POLLIN)
+        try:
+            return {fd for fd, _ in watch.poll(0)}
+        except OSError:
+            return set(sentinels)  # each child's process is asked itself
 
 
 class Children:

@@ -207,20 +207,23 @@ class Scheduler:
         if any(state.held for state in self.states.values()):
             deadlines.append(self._next_held_check)
         wait_for = max(0.0, min(deadlines) - now)
-        fds = [self._wake_read.fileno()]
+        woken = self._wake_read.fileno()
+        fds = [woken]
         received = [] if self.wakeups is None else self.wakeups.wait_handles()
         fds += received
         for state in self.states.values():
             fds += [_fileno(handle) for handle in state.executor.wait_handles()]
         ready = self._waiter.wait(fds, wait_for)
-        if ready:
+        # Only what poll() reported is read: after an idle spell each system call on
+        # the way to a claim costs tens of microseconds, not one or two.
+        if woken in ready:
             try:
                 while self._wake_read.recv(4096):
                     pass
             except (BlockingIOError, OSError):
                 pass
-            if self.wakeups is not None and not ready.isdisjoint(received):
-                self.wakeups.receive()
+        if self.wakeups is not None and not ready.isdisjoint(received):
+            self.wakeups.receive()
 
     def _collect(self) -> None:
         completed: set[str] = set()

@@ -23,6 +23,7 @@ import secrets
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -32,6 +33,8 @@ RUNTIME_DIR_ENV = "DBWORKER_RUNTIME_DIR"
 #: A datagram carries at most this much; longer messages wake every worker.
 MAX_MESSAGE = 8192
 _WAKE_ALL = b"*"
+#: How long a directory must have been unchanged for its listing to be kept.
+QUIET_SECONDS = 1.0
 
 
 def runtime_dir() -> Path:
@@ -71,17 +74,15 @@ class Sender:
         self.directory = channel_dir(identity)
         self._socket: socket.socket | None = None
         self._lock = threading.Lock()
+        #: The sockets last listed, and the directory's (inode, mtime) they are of.
+        self._listed: tuple[tuple[int, int], list[str]] | None = None
 
     def send(self, names: Iterable[str] | None, exclude: Path | None = None) -> int:
         """Wake the coordinators serving ``names`` (all workers for None); how many
         sockets took the message. Never raises: a wake-up is an optimisation."""
         message = encode(names)
         try:
-            entries = [
-                e.path
-                for e in os.scandir(self.directory)
-                if e.name.endswith(".sock") and (exclude is None or e.path != str(exclude))
-            ]
+            entries = [p for p in self._sockets() if exclude is None or p != str(exclude)]
         except OSError:
             return 0  # no coordinator has listened on this host
         sent = 0
@@ -105,6 +106,21 @@ class Sender:
                 except OSError:
                     pass
         return sent
+
+    def _sockets(self) -> list[str]:
+        """The sockets in the directory. Listed again only when the directory changed:
+        a listing is four system calls, its ``stat`` one, on the application's commit."""
+        stat = os.stat(self.directory)
+        version = (stat.st_ino, stat.st_mtime_ns)
+        listed = self._listed
+        if listed is not None and listed[0] == version:
+            return listed[1]
+        paths = [e.path for e in os.scandir(self.directory) if e.name.endswith(".sock")]
+        # A socket bound within the same tick of the file system's coarse clock leaves
+        # the time as it was: trust a listing only of a directory quiet for a while.
+        quiet = time.time() - stat.st_mtime_ns / 1e9 > QUIET_SECONDS
+        self._listed = (version, paths) if quiet else None
+        return paths
 
     def close(self) -> None:
         with self._lock:
