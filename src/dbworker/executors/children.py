@@ -181,13 +181,13 @@ class Child:
             pass
         return None
 
-    def alive(self, ended: Container[int] | None = None) -> bool:
+    def alive(self, exits: Container[int] | None = None) -> bool:
         """Whether the process runs (its sentinel, when it has one, says so cheaply).
-        ``ended``: the sentinels found readable (``Exits``), asked for all at once."""
+        ``exits``: the sentinels found readable (``Exits``), asked for all at once."""
         sentinel = self.process.sentinel
         if isinstance(sentinel, int):
-            if ended is not None:
-                if sentinel not in ended:
+            if exits is not None:
+                if sentinel not in exits:
                     return True
             else:
                 try:

@@ -222,13 +222,13 @@ class ProcessPool(Executor):
     def collect(self) -> list[Result]:
         self._lifecycle.reap()
         results: list[Result] = []
-        gone = Exits(self._children)
+        exits = Exits(self._children)
         for index in range(len(self._children)):
-            self._collect_child(index, results, gone)
+            self._collect_child(index, results, exits)
         self._dispatch()
         return results
 
-    def _collect_child(self, index: int, results_out: list[Result], gone: Exits) -> None:
+    def _collect_child(self, index: int, results_out: list[Result], exits: Exits) -> None:
         child = self._children[index]
         if child.respawn_at is not None:
             if time.monotonic() >= child.respawn_at:
@@ -238,13 +238,13 @@ class ProcessPool(Executor):
             self._lifecycle.check_ready(child)
             return
         if not child.tasks:
-            if not child.alive(gone):
+            if not child.alive(exits):
                 self._lifecycle.replace(index)
             return
         policy = self._policy
         while child.tasks:
             message = child.receive()
-            alive = message is not None or child.alive(gone)
+            alive = message is not None or child.alive(exits)
             if not alive:
                 # A result sent just before the process exited is in the pipe by the
                 # time its death shows: look once more before calling it a crash.
