@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._common import append_line
+
 TRACE_ENV = "DBWORKER_BENCH_TRACE_OUT"
 
 #: The stages, in order: (name, from mark, to mark).
@@ -47,11 +49,7 @@ STAGES = (
 
 def _note(*fields: object) -> None:
     line = " ".join(str(f) for f in fields) + f" {time.time():.6f}\n"
-    fd = os.open(os.environ[TRACE_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    append_line(os.environ[TRACE_ENV], line)
 
 
 def _wrap(

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dbworker import Coordinator, ExecutionStatus, Finished
 
 from . import latency_trace
+from ._common import append_line
 
 # The throughput benchmarks' row (its key alone) serves here too.
 from .noop_work import ITEMS_TABLE, Base
@@ -35,12 +36,7 @@ AFTER = "bench_after"
 
 
 def _note(worker: str, item_id: int, event: str) -> None:
-    line = f"{worker} {item_id} {event} {time.time():.6f}\n".encode()
-    fd = os.open(os.environ[OUT_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_line(os.environ[OUT_ENV], f"{worker} {item_id} {event} {time.time():.6f}\n")
 
 
 def pickup(source: LatencyItem, session: Session) -> Finished:

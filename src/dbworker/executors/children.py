@@ -183,18 +183,12 @@ class Child:
 
     def alive(self, exits: Container[int] | None = None) -> bool:
         """Whether the process runs (its sentinel, when it has one, says so cheaply).
-        ``exits``: the sentinels found readable (``Exits``), asked for all at once."""
+        ``exits``: the pool's ``Exits`` of this pass, which asks every child at once."""
         sentinel = self.process.sentinel
-        if isinstance(sentinel, int):
-            if exits is not None:
-                if sentinel not in exits:
-                    return True
-            else:
-                try:
-                    if not select.select([sentinel], [], [], 0)[0]:
-                        return True
-                except (OSError, ValueError):
-                    pass
+        if isinstance(sentinel, int) and sentinel not in (
+            exits if exits is not None else Exits([self])
+        ):
+            return True
         return bool(self.process.is_alive())
 
 

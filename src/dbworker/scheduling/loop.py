@@ -207,8 +207,8 @@ class Scheduler:
         if any(state.held for state in self.states.values()):
             deadlines.append(self._next_held_check)
         wait_for = max(0.0, min(deadlines) - now)
-        woken = self._wake_read.fileno()
-        fds = [woken]
+        wake_fd = self._wake_read.fileno()
+        fds = [wake_fd]
         received = [] if self.wakeups is None else self.wakeups.wait_handles()
         fds += received
         for state in self.states.values():
@@ -216,7 +216,7 @@ class Scheduler:
         ready = self._waiter.wait(fds, wait_for)
         # Only what poll() reported is read: after an idle spell each system call on
         # the way to a claim costs tens of microseconds, not one or two.
-        if woken in ready:
+        if wake_fd in ready:
             try:
                 while self._wake_read.recv(4096):
                     pass

@@ -171,8 +171,6 @@ class Receiver:
         while sock is not None:
             try:
                 message = sock.recv(MAX_MESSAGE + 1)
-            except InterruptedError:
-                continue
             except OSError:  # BlockingIOError: nothing more waits
                 return
             self._wake(None if message == _WAKE_ALL else set(message.decode().split()))
