@@ -8,8 +8,9 @@ dialect's locking.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -42,6 +43,16 @@ class FinishAllIgnoresToken(Dialect):
     def finish_all(self, conn: Connection, worker: WorkerTable, held: Sequence[Any]) -> int:
         current = [(i, self.current_token(conn, worker, i) or t) for i, t in held]
         return super().finish_all(conn, worker, current)
+
+
+class FinishReturningNamesAll(Dialect):
+    """finish_all_returning() names every pair it was given, matched or not."""
+
+    def finish_all_returning(
+        self, conn: Connection, worker: WorkerTable, held: Sequence[tuple[Any, int]]
+    ) -> set[Any]:
+        super().finish_all_returning(conn, worker, held)
+        return {source_id for source_id, _ in held}
 
 
 class RenewIgnoresToken(Dialect):
@@ -363,6 +374,18 @@ class UnlockedPostgreSQL(PostgreSQLDialect):
         return Dialect.lock_candidates(self, conn, worker, eligible, limit)
 
 
+class AutocommitLeftOnPostgreSQL(PostgreSQLDialect):
+    """The driver connection is left in autocommit after statements sent alone."""
+
+    @contextlib.contextmanager
+    def autocommitting(self, conn: Connection) -> Iterator[bool]:
+        with super().autocommitting(conn) as alone:
+            yield alone
+        driver: Any = conn.connection.dbapi_connection
+        if alone:
+            driver.autocommit = True
+
+
 class WaitingPostgreSQL(PostgreSQLDialect):
     """FOR UPDATE without SKIP LOCKED: a second claimer queues behind the first."""
 
@@ -518,6 +541,18 @@ BREAKAGES: tuple[Breakage, ...] = (
         mixin(FinishAllIgnoresToken),
         EVERYWHERE,
         ("finish_all_matches_current_tokens",),
+    ),
+    Breakage(
+        "finish-returning-names-all",
+        mixin(FinishReturningNamesAll),
+        ("postgresql",),
+        ("autocommitted_finish_commits_alone",),
+    ),
+    Breakage(
+        "autocommit-left-on",
+        fixed(AutocommitLeftOnPostgreSQL),
+        ("postgresql",),
+        ("autocommitted_finish_commits_alone",),
     ),
     Breakage(
         "renew-ignores-token",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import (
@@ -126,6 +127,16 @@ class FencedTransitions:
     ) -> int:  # pragma: no cover - DialectInterface provides it
         raise NotImplementedError
 
+    def _rows_of(
+        self, conn: Connection, key: Any, statement: Any, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]]:  # pragma: no cover - DialectInterface provides it
+        raise NotImplementedError
+
+    def autocommitting(
+        self, conn: Connection
+    ) -> AbstractContextManager[bool]:  # pragma: no cover - DialectInterface provides it
+        raise NotImplementedError
+
     def _fenced(
         self,
         conn: Connection,
@@ -167,6 +178,23 @@ class FencedTransitions:
         before its COMMIT: fewer than ``len(held)`` means a claim was lost)."""
         if not held:
             return 0
+        key, statement, params = self._finish_all(worker, held, returning=False)
+        return self._matched(conn, key, statement, params)
+
+    def finish_all_returning(
+        self, conn: Connection, worker: WorkerTable, held: Sequence[tuple[Any, int]]
+    ) -> set[Any]:
+        """``finish_all``, naming the source ids it matched (UPDATE ... RETURNING, where
+        the database has it): for items that wrote nothing, finished by a statement that
+        is its own transaction, whose lost claims are told apart from the others."""
+        if not held:
+            return set()
+        key, statement, params = self._finish_all(worker, held, returning=True)
+        return {row[0] for row in self._rows_of(conn, key, statement, params)}
+
+    def _finish_all(
+        self, worker: WorkerTable, held: Sequence[tuple[Any, int]], returning: bool
+    ) -> tuple[tuple[Any, ...], Any, dict[str, Any]]:
         values = self._row_values(Transition.FINISH, None, None)
         table = worker.table
         # One statement per power of two of pairs, the last pair repeated to fill it (a
@@ -174,16 +202,19 @@ class FencedTransitions:
         # driver's cursor like every other fenced UPDATE. One per count compiled a new
         # statement for most batches of a process's first minutes (0.6 ms each).
         every = 1 << (len(held) - 1).bit_length()
-        key = ("fenced_all", table, every)
-        statement = self._built_once(
-            key, lambda: self._fenced_update(table, Transition.FINISH, values, every=every)
-        )
+        key = ("fenced_all", table, every, returning)
+
+        def build() -> Any:
+            statement = self._fenced_update(table, Transition.FINISH, values, every=every)
+            return statement.returning(table.c.source_id) if returning else statement
+
+        statement = self._built_once(key, build)
         params = _value_params(values)
         for index in range(every):
             source_id, token = held[min(index, len(held) - 1)]
             params[f"fence_source_id_{index}"] = source_id
             params[f"fence_token_{index}"] = token
-        return self._matched(conn, key, statement, params)
+        return key, statement, params
 
     def _fenced_update(
         self, table: Table, event: Transition, values: Mapping[str, Any], every: int = 0
@@ -391,8 +422,8 @@ class FencedTransitions:
         """``record`` as a transaction of its own on ``conn`` (which is in none): the
         ending of a handler that wrote nothing, whose status change is all there is to
         commit. A dialect whose connections commit one statement by themselves may run
-        it without BEGIN and COMMIT around it."""
-        with conn.begin():
+        it without BEGIN and COMMIT around it (``autocommitting``)."""
+        with self.autocommitting(conn), conn.begin():
             return self.record(conn, worker, source_id, token, decision)
 
     def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:

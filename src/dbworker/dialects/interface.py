@@ -33,8 +33,10 @@ what a new database forgot when its class is instantiated, before any SQL runs.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from sqlalchemy import ColumnElement, Connection, Engine, Float, Select, Table, func, literal
@@ -242,6 +244,15 @@ class DialectInterface(ABC):
         """Return the session to its state just after connecting (no transaction open).
         Needed where ``sessions_outlive_processes``."""
         raise NotImplementedError(f"{type(self).__name__} cannot reset a session")
+
+    def autocommitting(self, conn: Connection) -> AbstractContextManager[bool]:
+        """Within it, each statement sent on ``conn``'s driver connection is a transaction
+        of its own, with no BEGIN and no COMMIT sent around it (the context yields True),
+        where the driver allows it without a round trip and that connection holds no
+        transaction; otherwise (False) statements run in its transaction as usual. A
+        statement that reads consistently by itself, or a fenced write that is all its
+        transaction would hold, costs one round trip then instead of three."""
+        return contextlib.nullcontext(False)
 
     def coordinator_engine_options(self) -> dict[str, Any]:
         """Options merged under the user's ``engine_options`` for the coordinator's engine

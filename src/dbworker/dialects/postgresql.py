@@ -4,6 +4,7 @@ the planner's statistics-dependent choices switched off for that statement only.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import (
@@ -32,6 +33,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
 from ..core.limits import HELD_KEY_LENGTH, KEY_DIGEST_PREFIX
+from .autocommitting import psycopg_autocommitting
 from .base import Dialect
 from .open_first import (
     apply_modifiers,
@@ -127,6 +129,10 @@ class PostgreSQLDialect(Dialect):
         # Through PgBouncer's transaction pooling a server-side prepared statement
         # lands on a server connection other clients share: psycopg must not prepare.
         detect_pooler(engine)
+
+    def autocommitting(self, conn: Connection) -> AbstractContextManager[bool]:
+        # psycopg sends a BEGIN of its own before a transaction's first statement.
+        return psycopg_autocommitting(conn)
 
     def reset_session(self, conn: Connection) -> None:
         # Settings, prepared statements, temporary tables, advisory locks, LISTENs:

@@ -16,6 +16,12 @@ SAVEPOINT of its own, and commits once:
   raising handler's failure is then recorded, fenced, in a savepoint of its own in
   the same transaction: the handler's writes are gone, the FAIL or RETRY commits
   with the group.
+- Where the driver can send a statement as a transaction of its own
+  (``Dialect.autocommitting``: PostgreSQL through psycopg, whose BEGIN is a round
+  trip), the rows are read so, and when no item sent a statement after them, the
+  FINISH of all is so too and names the rows it matched: the group then costs two
+  round trips, not four, and an item it did not match (its claim was lost) wrote
+  nothing and is told ``LOST``, while the others' FINISH stands.
 - Results are handed back only after the COMMIT. A process that dies mid-group
   commits nothing of it; its items are still held under their tokens and run again
   (the pool runs each of them alone then, so a crash is charged to the item that
@@ -121,7 +127,8 @@ def run_group(
     try:
         conn.begin()
         savepoints_begun(conn, forget=True)
-        read = _read_rows(runtime, worker, conn, tasks[:GROUP_MAX_ITEMS])
+        with runtime.dialect.autocommitting(conn):  # it reads consistently by itself
+            read = _read_rows(runtime, worker, conn, tasks[:GROUP_MAX_ITEMS])
         for task in tasks[:GROUP_MAX_ITEMS]:
             if pending and (
                 time.monotonic() - started > GROUP_SECONDS
@@ -147,9 +154,7 @@ def run_group(
             pending.append(replace(result, duration=time.monotonic() - began))
         committing = time.monotonic()
         if finished:
-            held_now = [(task.source_id, task.token) for task in finished]
-            if runtime.dialect.finish_all(conn, worker, held_now) != len(finished):
-                raise ClaimLost()
+            pending = _finish(runtime.dialect, conn, worker, finished, pending)
         conn.commit()
     except Exception:
         runtime.held.drop()  # rolled back with the connection, whatever state it is in
@@ -165,6 +170,36 @@ def run_group(
         return [runtime.run(first)]
     share = (time.monotonic() - committing) / len(pending)
     return [replace(result, duration=result.duration + share) for result in pending]
+
+
+def _finish(
+    dialect: Dialect,
+    conn: Connection,
+    worker: WorkerTable,
+    finished: list[Task],
+    pending: list[Result],
+) -> list[Result]:
+    """Record the ``finished`` items of the group on ``conn``, just before its COMMIT;
+    ``pending`` with the items whose claim was lost, if any, told LOST.
+
+    When no item sent a statement (the driver connection holds no transaction: the
+    rows were read by a statement of their own), the FINISH of all is all there is to
+    commit, and it is a transaction of its own (``Dialect.autocommitting``): an item
+    whose claim was lost is one it did not match, and it wrote nothing. Otherwise the
+    FINISH joins the items' writes, and a lost claim rolls the group back (``ClaimLost``).
+    """
+    held = [(task.source_id, task.token) for task in finished]
+    with dialect.autocommitting(conn) as alone:
+        if alone:
+            matched = dialect.finish_all_returning(conn, worker, held)
+            lost = {task.key for task in finished if task.source_id not in matched}
+            return [
+                replace(result, kind=ResultKind.LOST) if result.task_key in lost else result
+                for result in pending
+            ]
+    if dialect.finish_all(conn, worker, held) != len(finished):
+        raise ClaimLost()
+    return pending
 
 
 def _session(conn: Connection) -> GroupedSession:

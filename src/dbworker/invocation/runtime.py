@@ -330,7 +330,16 @@ class Runtime:
                     # with the handler's first statement; the instance stays loaded.
                     source = self.load_apart(session, worker, task.source, task.source_id, read)
                 elif early is None:
-                    source = self.load(session, worker, task.source, task.source_id)
+                    with self.dialect.autocommitting(bind) as alone:
+                        if alone:  # a statement of its own, on the handler's connection
+                            # Begun (no BEGIN is sent) for the check of a connection
+                            # that idled (``dialects.liveness``), which a begin runs.
+                            with bind.begin():
+                                source = self.load_apart(
+                                    session, worker, task.source, task.source_id, bind
+                                )
+                        else:
+                            source = self.load(session, worker, task.source, task.source_id)
                 session._dbworker_guarded = True
                 if source is None:
                     raise LookupError(

@@ -38,6 +38,7 @@ from .discovery import (
     check_sweep_finds_rows_below_watermark,
 )
 from .fencing import (
+    check_autocommitted_finish_commits_alone,
     check_completion_is_atomic,
     check_finish_all_matches_current_tokens,
     check_stale_token_cannot_complete_or_renew,
@@ -79,6 +80,7 @@ CHECKS: dict[str, Check] = {
     "stale_token_cannot_complete_or_renew": check_stale_token_cannot_complete_or_renew,
     "completion_is_atomic": check_completion_is_atomic,
     "finish_all_matches_current_tokens": check_finish_all_matches_current_tokens,
+    "autocommitted_finish_commits_alone": check_autocommitted_finish_commits_alone,
     "terminal_records_never_claimed": check_terminal_records_never_claimed,
     "reset_failed": check_reset_failed,
     "unfinish_delay": check_unfinish_delay,

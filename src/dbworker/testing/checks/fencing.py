@@ -11,6 +11,7 @@ from ...core.status import Phase
 from ...dialects import Claim
 from ..harness import ERROR, LEASE, DialectFactory, Harness
 from ..models import Item
+from ..report import NotApplicable
 from .common import note_of, status_of
 
 
@@ -160,3 +161,36 @@ def check_finish_all_matches_current_tokens(make_dialect: DialectFactory, url: s
             matched = h.dialect.finish_all(b, h.items, [(c.source_id, c.token) for c in claims])
         assert matched == 5, f"five pairs were current, finish_all matched {matched}"
         assert all(status_of(h, h.items, c.source_id) == Phase.FINISHED.value for c in claims)
+
+
+def check_autocommitted_finish_commits_alone(make_dialect: DialectFactory, url: str) -> None:
+    """Where the dialect sends statements as transactions of their own
+    (``autocommitting`` yields True), a FINISH of all sent so commits by itself,
+    before its SQLAlchemy transaction ends, names exactly the pairs whose token was
+    current, and leaves the connection as it was: its next statements begin a
+    transaction again, which a rollback undoes."""
+    with Harness(make_dialect, url) as h:
+        h.seed()
+        h.discover(h.items)
+        a, b = h.actor(), h.actor()
+        with h.dialect.autocommitting(a) as alone:
+            pass
+        if not alone:
+            raise NotApplicable("the dialect sends no statement as a transaction of its own")
+        held = {source_id: h.claim_one(h.items, source_id, a).token for source_id in (1, 2, 3)}
+        h.clock.advance(LEASE + 1)
+        taken = h.claim_one(h.items, 2, b)
+        before = h.record(h.items, 2)
+        with a.begin() as transaction:
+            with h.dialect.autocommitting(a) as alone:
+                assert alone, "a connection holding no transaction did not autocommit"
+                matched = h.dialect.finish_all_returning(a, h.items, sorted(held.items()))
+            assert matched == {1, 3}, f"pairs 1 and 3 were current, the FINISH named {matched}"
+            # Seen from elsewhere while the transaction it ran in is still open.
+            assert [status_of(h, h.items, i) for i in (1, 3)] == [Phase.FINISHED.value] * 2
+            assert h.record(h.items, 2) == before, "the pair with a stale token changed"
+            h.dialect.finish_all(a, h.items, [(2, taken.token)])
+            transaction.rollback()
+        assert status_of(h, h.items, 2) != Phase.FINISHED.value, (
+            "after the autocommitted FINISH, a statement in a rolled back transaction committed"
+        )
