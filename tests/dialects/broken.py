@@ -524,7 +524,11 @@ class Breakage:
     caught_by: tuple[str, ...]
 
 
-RACING = tuple(f"racing_claims[{v}]" for v in ("ordered", "join", "semijoin"))
+RACING = tuple(
+    f"{check}[{v}]"
+    for check in ("racing_claims", "racing_claims_on_scheduler_connections")
+    for v in ("ordered", "join", "semijoin")
+)
 SOURCE_ROWS = tuple(
     f"claim_leaves_source_rows_unlocked[{v}]" for v in ("ordered", "join", "semijoin")
 )

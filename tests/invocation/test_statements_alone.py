@@ -6,7 +6,6 @@ among them is told LOST without running anyone again, and commits nothing of its
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,6 +17,7 @@ from dbworker import ExecutionStatus
 from dbworker.core.tasks import ResultKind
 from dbworker.dialects import liveness
 from dbworker.invocation.group import run_group
+from wire import WireTrace
 
 from .test_group import CALLS, Rig, never, rig, run_all  # noqa: F401  (the fixture)
 
@@ -30,19 +30,11 @@ def _autocommits(setup: Rig) -> bool:
 
 @contextmanager
 def wire(setup: Rig) -> Iterator[list[str]]:
-    """What the handler process's connections send meanwhile (psycopg's protocol trace):
-    one entry per round trip, the statements it carried."""
-    from psycopg import pq
-
-    trace = tempfile.TemporaryFile()  # noqa: SIM115  (closed once read, below)
-    traced: list[Any] = []
+    """The round trips of the handler process's connections meanwhile (``WireTrace``)."""
+    trace = WireTrace()
 
     def on_checkout(dbapi_connection: Any, *_: Any) -> None:
-        dbapi_connection.pgconn.trace(trace.fileno())
-        dbapi_connection.pgconn.set_trace_flags(
-            pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE
-        )
-        traced.append(dbapi_connection)
+        trace.follow(dbapi_connection)
 
     engine = setup.runtime.engine
     event.listen(engine, "checkout", on_checkout)
@@ -51,23 +43,7 @@ def wire(setup: Rig) -> Iterator[list[str]]:
         yield trips
     finally:
         event.remove(engine, "checkout", on_checkout)
-        for connection in traced:
-            if not connection.closed:
-                connection.pgconn.untrace()
-        trace.seek(0)
-        carried: list[str] = []
-        for line in trace.read().decode().splitlines():
-            fields = line.split("\t")
-            if len(fields) < 3 or fields[0] != "F":
-                continue  # the server's messages, or a statement's next lines
-            kind, rest = fields[2], fields[3:]
-            if kind in ("Query", "Parse"):
-                text = rest[0].strip().split('"')[-2 if kind == "Query" else 3]
-                carried.append(text.split()[0].upper())
-            if kind in ("Query", "Sync"):
-                trips.append(" ".join(carried))
-                carried = []
-        trace.close()
+        trips.extend(trace.round_trips())
 
 
 @pytest.fixture(autouse=True)

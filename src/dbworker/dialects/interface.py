@@ -254,6 +254,18 @@ class DialectInterface(ABC):
         transaction would hold, costs one round trip then instead of three."""
         return contextlib.nullcontext(False)
 
+    def scheduler_connection(self, conn: Connection) -> None:
+        """Set up ``conn``, the connection the coordinator's scheduler keeps for its
+        transactions (discovery and claims above all), as it takes it from the pool
+        (holding no transaction). By default nothing."""
+        return None
+
+    def release_scheduler_connection(self, conn: Connection) -> None:
+        """Before the scheduler lets ``conn`` go (after an error, or as it stops): undo
+        what ``scheduler_connection`` set up, so that nothing of it reaches the pool's
+        other users. By default nothing."""
+        return None
+
     def coordinator_engine_options(self) -> dict[str, Any]:
         """Options merged under the user's ``engine_options`` for the coordinator's engine
         (child processes use the user's options alone: handlers get the app's defaults)."""

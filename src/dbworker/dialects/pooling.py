@@ -3,11 +3,13 @@
 Such a pooler hands each transaction to whichever server connection is free, so nothing
 may outlive a transaction on the server: no session ``SET``, no session advisory lock,
 no ``LISTEN``, no temporary table, no server-side prepared statement. dbworker's SQL
-keeps none (its planner settings are ``set_config(..., true)``, transaction-local;
-wake-ups listen on a connection of their own, ``Coordinator(listen_url=...)``), but
-psycopg 3 prepares a statement on the server after its fifth execution on a
-connection, under a name the next client of that server connection may use too
-(``DuplicatePreparedStatement``), or may not find (``InvalidSqlStatementName``).
+keeps none through a pooler (its planner settings are ``set_config(..., true)``,
+transaction-local; only without one does the scheduler's own connection keep them for
+its session, ``PostgreSQLDialect.scheduler_connection``; wake-ups listen on a
+connection of their own, ``Coordinator(listen_url=...)``), but psycopg 3 prepares a
+statement on the server after its fifth execution on a connection, under a name the
+next client of that server connection may use too (``DuplicatePreparedStatement``), or
+may not find (``InvalidSqlStatementName``).
 
 Two ways to switch it off, per connection:
 

@@ -3,6 +3,7 @@ the planner's statistics-dependent choices switched off for that statement only.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, TypeVar
@@ -46,7 +47,7 @@ from .open_first import (
     reuse,
     split_order,
 )
-from .pooling import detect_pooler
+from .pooling import POOLED, detect_pooler
 from .terms import PENDING_COLUMNS, Claim, Owner, WorkerTable, claim_columns
 
 # SQLSTATEs worth retrying: serialization failure, deadlock, lock not available,
@@ -101,6 +102,12 @@ _RESTORE_ALONE = text("SELECT " + _RESTORE.text)
 #: Where a discovery that switched PLAN_SETTINGS off for the claim after it leaves its
 #: transaction and the values it read (``PoolProxiedConnection.info``).
 _PLANNED = "dbworker_planned_claim"
+#: In the scheduler's connection's info: PLAN_SETTINGS are off for its whole session
+#: (``scheduler_connection``); cleared with the driver connection it describes.
+_SESSION_PLANNED = "dbworker_session_planned"
+_SESSION_OFF = "SELECT " + ", ".join(
+    f"set_config('{name}', 'off', false)" for name in PLAN_SETTINGS
+)
 
 
 class PostgreSQLDialect(Dialect):
@@ -134,6 +141,32 @@ class PostgreSQLDialect(Dialect):
         # psycopg sends a BEGIN of its own before a transaction's first statement.
         return psycopg_autocommitting(conn)
 
+    def scheduler_connection(self, conn: Connection) -> None:
+        # PLAN_SETTINGS off for the session of the connection that only the scheduler
+        # uses, whose every statement is dbworker's own: a claim then needs no statement
+        # to switch them off (and on again), and, one statement, consistent by itself,
+        # goes as a transaction of its own, as a discovery does: one round trip instead
+        # of four (BEGIN, the switch, the claim, COMMIT). Not through a transaction
+        # pooler, which may hand the next transaction to another server connection.
+        if conn.info.get(POOLED) or conn.info.get(_SESSION_PLANNED):
+            return
+        with self.autocommitting(conn), conn.begin():
+            conn.exec_driver_sql(_SESSION_OFF)
+        conn.info[_SESSION_PLANNED] = True
+
+    def release_scheduler_connection(self, conn: Connection) -> None:
+        # Back in the pool its session would plan others' statements without those
+        # choices: the driver connection is closed instead (errors and stops only).
+        if conn.info.get(_SESSION_PLANNED):
+            conn.invalidate()
+
+    def _alone_if_planned(self, conn: Connection) -> AbstractContextManager[bool]:
+        """A claim's or discovery's one statement as a transaction of its own, on the
+        scheduler's connection (``scheduler_connection``)."""
+        if conn.info.get(_SESSION_PLANNED):
+            return self.autocommitting(conn)
+        return contextlib.nullcontext(False)
+
     def reset_session(self, conn: Connection) -> None:
         # Settings, prepared statements, temporary tables, advisory locks, LISTENs:
         # what one handler left must not reach the next. Not allowed in a transaction.
@@ -151,7 +184,8 @@ class PostgreSQLDialect(Dialect):
             and worker.monotonic_keys
         ):
             return super().discover_for_claim(conn, worker)
-        return self._discover_in_one(conn, worker, plan_claim=True)
+        planned = bool(conn.info.get(_SESSION_PLANNED))  # for the whole session already
+        return self._discover_in_one(conn, worker, plan_claim=not planned)
 
     def _discover_above_watermark(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
         return self._discover_in_one(conn, worker, plan_claim=False)
@@ -168,9 +202,10 @@ class PostgreSQLDialect(Dialect):
             ("discover_in_one", worker.table, plan_claim),
             lambda: self._discovery_statement(worker, plan_claim),
         )
-        (found, largest, _added, watermark, *plan), *_ = self._rows_of(
-            conn, statement, statement, {}
-        )
+        with self._alone_if_planned(conn):
+            (found, largest, _added, watermark, *plan), *_ = self._rows_of(
+                conn, statement, statement, {}
+            )
         if plan_claim:
             # Switched off from here to the claim, which restores what was read.
             old = {f"dbworker_{name}": plan[i] for i, name in enumerate(PLAN_SETTINGS)}
@@ -298,7 +333,8 @@ class PostgreSQLDialect(Dialect):
         )
         params.update(self._guard(conn))
         # On the driver's cursor (SQLAlchemy's execution around it: 0.1-0.2 ms a claim).
-        return claimed(self._rows_of(conn, statement, statement, params))
+        with self._alone_if_planned(conn):
+            return claimed(self._rows_of(conn, statement, statement, params))
 
     def _claim_statement(
         self,
@@ -360,6 +396,8 @@ class PostgreSQLDialect(Dialect):
         parameters returned here (a discovery just before, in the same transaction,
         switched them off already: ``discover_for_claim``)."""
         planned = conn.info.pop(_PLANNED, None)
+        if conn.info.get(_SESSION_PLANNED):  # off for the session: restored to off
+            return {f"dbworker_{name}": "off" for name in PLAN_SETTINGS}
         if planned is not None and planned[0] is conn.get_transaction():
             return dict(planned[1])
         row = self._rows_of(conn, "plan_guard", _GUARD, {})[0]
@@ -395,7 +433,8 @@ class PostgreSQLDialect(Dialect):
         an error the transaction is lost, and with it the transaction-local settings)."""
         old = self._guard(conn)
         result = run()
-        conn.execute(_RESTORE_ALONE, old)
+        if not conn.info.get(_SESSION_PLANNED):
+            conn.execute(_RESTORE_ALONE, old)
         return result
 
     def is_contention(self, error: BaseException) -> bool:

@@ -99,6 +99,7 @@ class Outbox:
             conn = self._conn
             if conn is None:
                 conn = self._conn = self.engine.connect()
+                self.dialect.scheduler_connection(conn)
             if conn.get_execution_options().get(READ_ONLY_OPTION, False) != read_only:
                 # In place (SQLAlchemy 2): the option stays until it is set again.
                 conn.execution_options(**{READ_ONLY_OPTION: read_only})
@@ -118,6 +119,8 @@ class Outbox:
         """Give the kept connection back to the pool (after an error, at the end)."""
         conn, self._conn = self._conn, None
         if conn is not None:
+            with contextlib.suppress(Exception):
+                self.dialect.release_scheduler_connection(conn)
             with contextlib.suppress(Exception):
                 conn.close()
 

@@ -172,6 +172,13 @@ class Harness:
         engine = self._engine(coordinated=True, lock_timeout=lock_timeout)
         return self._connect(engine, lock_timeout)
 
+    def scheduler(self, lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> Connection:
+        """A coordinator's scheduler's connection: an actor's, set up as the scheduler
+        sets up the connection it keeps (``Dialect.scheduler_connection``)."""
+        conn = self.actor(lock_timeout)
+        self.dialect.scheduler_connection(conn)
+        return conn
+
     def app(self, lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> Connection:
         """An application connection: the user's engine defaults, nothing from dbworker."""
         return self._connect(self.app_engine, lock_timeout)

@@ -68,6 +68,12 @@ CHECKS: dict[str, Check] = {
         for name in VARIANTS
     },
     **{
+        f"racing_claims_on_scheduler_connections[{name}]": functools.partial(
+            check_racing_claims, variant=name, scheduler=True
+        )
+        for name in VARIANTS
+    },
+    **{
         f"claim_leaves_source_rows_unlocked[{name}]": functools.partial(
             check_claim_leaves_source_rows_unlocked, variant=name
         )

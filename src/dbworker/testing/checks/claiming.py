@@ -18,17 +18,21 @@ from ..models import FIRST_WORKER, ITEMS, SECOND_WORKER, VARIANTS, Group, Item, 
 from .common import ALL_ITEMS, note_of, skip_with_one_writer, status_of, without_waiting
 
 
-def check_racing_claims(make_dialect: DialectFactory, url: str, variant: str = "ordered") -> None:
+def check_racing_claims(
+    make_dialect: DialectFactory, url: str, variant: str = "ordered", scheduler: bool = False
+) -> None:
     """Two coordinators claiming at once split the work: never the same record twice,
-    and the second gets the rows the first did not lock, not nothing."""
+    and the second gets the rows the first did not lock, not nothing. ``scheduler``: on
+    connections set up as a scheduler keeps its own (``Dialect.scheduler_connection``)."""
     chosen = VARIANTS[variant]
     expected = chosen.expected()
     with Harness(make_dialect, url) as h:
         h.seed()
         h.discover(h.items)
-        a = h.actor()
+        actor = h.scheduler if scheduler else h.actor
+        a = actor()
         if h.dialect.supports_concurrent_claims:
-            b = h.actor()
+            b = actor()
 
             def second_claimer() -> list[Claim]:
                 # B claims in its own transaction while A's claim is still uncommitted.
@@ -50,7 +54,7 @@ def check_racing_claims(make_dialect: DialectFactory, url: str, variant: str = "
                 assert ids(won_a) == expected[:3], "the first claimer must get the first rows"
                 won_b = without_waiting("a second claimer", second_claimer)
         else:
-            b = h.actor(lock_timeout=0.2)
+            b = actor(lock_timeout=0.2)
             with a.begin():
                 won_a = h.dialect.claim(a, h.items, chosen.query(), 3, LEASE, OWNER)
                 assert ids(won_a) == expected[:3], "the first claimer must get the first rows"
