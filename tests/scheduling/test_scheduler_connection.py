@@ -1,9 +1,9 @@
 """The scheduler's kept connection on PostgreSQL (``Dialect.scheduler_connection``): the
 claim's plan choices are off for its whole session, so that a claim, and a discovery
 before it, is one statement and one round trip, with no BEGIN and no COMMIT around it;
-a connection the scheduler lets go is closed, never handed on to the pool's other users
-with those settings; through a transaction pooler nothing outlives a transaction, and
-the claim switches them itself as before."""
+a connection the scheduler lets go has them reset (or is closed, if it cannot be), never
+handed on to the pool's other users with those settings; through a transaction pooler
+nothing outlives a transaction, and the claim switches them itself as before."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, make_url, select
 
-from dbworker.dialects import for_url
+from dbworker.dialects import for_url, postgresql
 from dbworker.dialects.pooling import POOLED
 from dbworker.dialects.postgresql import PLAN_SETTINGS
 from dbworker.engines import coordination_engine
@@ -28,8 +28,9 @@ def _settings(conn: Connection) -> dict[str, str]:
     return {name: conn.exec_driver_sql(f"SHOW {name}").scalar_one() for name in PLAN_SETTINGS}
 
 
-def test_the_scheduler_plans_for_its_session_and_closes_what_it_lets_go(
-    database_url: str,
+@pytest.mark.parametrize("ending", ["reset", "dropped", "failing"])
+def test_the_scheduler_plans_for_its_session_and_resets_what_it_lets_go(
+    database_url: str, ending: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = make_url(database_url)
     dialect = for_url(url)
@@ -40,6 +41,12 @@ def test_the_scheduler_plans_for_its_session_and_closes_what_it_lets_go(
             defaults = _settings(conn)
         assert defaults != dict.fromkeys(PLAN_SETTINGS, "off")
         assert outbox.transaction("reading", _settings) == dict.fromkeys(PLAN_SETTINGS, "off")
+        if ending == "failing":  # the reset fails, the connection lives: it is closed
+            monkeypatch.setattr(postgresql, "_SESSION_RESET", "SELECT dbworker_no_such()")
+        if ending == "dropped":  # the server ended it: it cannot be reset, nor used
+            pid = outbox.transaction("its pid", lambda c: c.exec_driver_sql(_PID).scalar_one())
+            with engine.connect() as other:
+                other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})")
         outbox.close()
         # Every connection the pool holds now is as the application's would be.
         held = [engine.connect() for _ in range(3)]
@@ -51,6 +58,9 @@ def test_the_scheduler_plans_for_its_session_and_closes_what_it_lets_go(
     finally:
         outbox.close()
         engine.dispose()
+
+
+_PID = "SELECT pg_backend_pid()"
 
 
 def _claim_trips(h: Harness, conn: Connection, discover: bool) -> tuple[list[Any], list[str]]:

@@ -108,6 +108,12 @@ _SESSION_PLANNED = "dbworker_session_planned"
 _SESSION_OFF = "SELECT " + ", ".join(
     f"set_config('{name}', 'off', false)" for name in PLAN_SETTINGS
 )
+# RESET of each, in one statement: the value the session began with.
+_SESSION_RESET = (
+    "SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name IN ({})".format(
+        ", ".join(f"'{name}'" for name in PLAN_SETTINGS)
+    )
+)
 
 
 class PostgreSQLDialect(Dialect):
@@ -156,9 +162,17 @@ class PostgreSQLDialect(Dialect):
 
     def release_scheduler_connection(self, conn: Connection) -> None:
         # Back in the pool its session would plan others' statements without those
-        # choices: the driver connection is closed instead (errors and stops only).
-        if conn.info.get(_SESSION_PLANNED):
+        # choices: they are reset first (to what the session began with), and a
+        # connection that cannot be reset is closed (errors and stops only come here).
+        if not conn.info.get(_SESSION_PLANNED):
+            return
+        try:
+            with self.autocommitting(conn), conn.begin():
+                conn.exec_driver_sql(_SESSION_RESET)
+        except Exception:
             conn.invalidate()
+            return
+        conn.info.pop(_SESSION_PLANNED, None)
 
     def _alone_if_planned(self, conn: Connection) -> AbstractContextManager[bool]:
         """A claim's or discovery's one statement as a transaction of its own, on the
