@@ -95,3 +95,21 @@ def test_a_claim_lost_among_quiet_items_commits_nothing_of_it(rig: Any) -> None:
     # in the group's transaction it rolls the group back, and each runs again alone.
     ran = [1, 2, 3] if _autocommits(setup) else [1, 2, 3, 1, 2, 3]
     assert ran == CALLS
+
+
+def test_a_watched_quiet_item_is_read_through_sqlalchemy_and_finishes(rig: Any) -> None:  # noqa: F811
+    """Someone listening for statements gets SQLAlchemy's path (the ORM's read, a commit
+    that ends it), by itself or not, and sees every statement."""
+    setup = rig(["nothing"])
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(statement.split()[0].upper())
+
+    event.listen(setup.runtime.engine, "before_cursor_execute", record)
+    try:
+        assert setup.runtime.run(setup.tasks[0]).kind is ResultKind.FINISHED
+    finally:
+        event.remove(setup.runtime.engine, "before_cursor_execute", record)
+    assert "SELECT" in seen and "UPDATE" in seen, seen
+    assert setup.finished_count() == 1

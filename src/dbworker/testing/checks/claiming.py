@@ -35,7 +35,8 @@ def check_racing_claims(
             b = actor()
 
             def second_claimer() -> list[Claim]:
-                # B claims in its own transaction while A's claim is still uncommitted.
+                # B claims in its own transaction while A's is still open (on a
+                # scheduler's connection A's claim committed by itself).
                 with b.begin():
                     got = h.dialect.claim(b, h.items, chosen.query(), 2, LEASE, OWNER)
                     assert ids(got) == expected[3:5], (
