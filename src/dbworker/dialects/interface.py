@@ -257,7 +257,10 @@ class DialectInterface(ABC):
     def scheduler_connection(self, conn: Connection) -> None:
         """Set up ``conn``, the connection the coordinator's scheduler keeps for its
         transactions (discovery and claims above all), as it takes it from the pool
-        (holding no transaction). By default nothing."""
+        (holding no transaction). By default nothing. A dialect may make a claim or a
+        discovery sent there as its transaction's first statement commit by itself
+        (PostgreSQL does): the scheduler never rolls a claim back, and nothing else may
+        claim on such a connection in a transaction it might roll back."""
         return None
 
     def release_scheduler_connection(self, conn: Connection) -> None:

@@ -174,7 +174,8 @@ class Harness:
 
     def scheduler(self, lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> Connection:
         """A coordinator's scheduler's connection: an actor's, set up as the scheduler
-        sets up the connection it keeps (``Dialect.scheduler_connection``)."""
+        sets up the connection it keeps (``Dialect.scheduler_connection``). A claim on
+        it may commit by itself: never ``claimable`` (a claim rolled back) through it."""
         conn = self.actor(lock_timeout)
         self.dialect.scheduler_connection(conn)
         return conn
