@@ -38,6 +38,8 @@ class Actor(Client):
     #: The same for the keyed worker's records (``KeyedRules``).
     keyed_held: dict[int, int] = field(default_factory=dict)
     keyed_pending: dict[int, tuple[Record, Record]] = field(default_factory=dict)
+    #: The connection it claims on as a scheduler does (``claim_as_scheduler``).
+    scheduler: Connection | None = None
 
 
 class Belief(NamedTuple):
@@ -100,6 +102,12 @@ class MachineBase(RuleBasedStateMachine):
             if client.conn is not None:
                 client.conn.close()  # rolls back whatever is still open
                 client.conn = client.tx = None
+        for actor in self.actors:
+            if actor.scheduler is not None:
+                # As the scheduler lets it go: the pool's next user gets none of it.
+                self.dialect.release_scheduler_connection(actor.scheduler)
+                actor.scheduler.close()
+                actor.scheduler = None
 
     # -- transaction plumbing ------------------------------------------------------
 
@@ -141,6 +149,10 @@ class MachineBase(RuleBasedStateMachine):
         client.conn = client.tx = None
         self.h.wait_session_gone(session)
         if isinstance(client, Actor):
+            if client.scheduler is not None:  # the same process's: gone with it
+                client.scheduler.invalidate()
+                client.scheduler.close()
+                client.scheduler = None
             client.held.clear()
             client.pending.clear()
             client.keyed_held.clear()

@@ -7,9 +7,12 @@ from __future__ import annotations
 from hypothesis import event as note
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 
 from ...core import transitions
 from ...core.status import TERMINAL
+from ...dialects import Claim
 from .base import Actor, actor_index, choose, describe
 from .harness import LEASE, MAX_CLAIM, MAX_ID, WORKER, ModelMismatch, eligible
 from .rows import RowRules
@@ -33,14 +36,46 @@ class ClaimRules(RowRules):
             self._discover(actor)
         self._claim(actor, limit, keep_open)
 
-    def _claim(self, actor: Actor, limit: int, keep_open: bool) -> list[int]:
+    @precondition(lambda self: self._can_begin() and self._idle_actors())
+    @rule(who=actor_index, limit=st.integers(1, MAX_CLAIM), discover_first=st.booleans())
+    def claim_as_scheduler(self, who: int, limit: int, discover_first: bool) -> None:
+        """Discover (or not) and claim in one transaction on the connection a scheduler
+        keeps (``Dialect.scheduler_connection``, where PostgreSQL sends each as a
+        transaction of its own), committed at once, as the coordinator's loop does."""
+        actor = choose(self._idle_actors(), who)
+        conn = actor.scheduler
+        if conn is None:
+            conn = actor.scheduler = self.h.engine.connect()
+            self.dialect.scheduler_connection(conn)
+        watermark = max(self.records, default=None)
+        new = [s for s in sorted(self.items) if watermark is None or s > watermark]
+        with conn.begin():
+            try:
+                if discover_first:
+                    added = self.dialect.discover(conn, WORKER)
+                    self._judge_discovery("discover as the scheduler", added, new)
+                self._claim(actor, limit, keep_open=True, on=conn)
+            except DBAPIError as exc:
+                self._fail_on_lock_wait(actor, exc)
+                raise
+        for sid, (_, after) in actor.pending.items():
+            self.records[sid] = after
+            actor.held[sid] = after.token
+        actor.pending.clear()
+
+    def _claim(
+        self, actor: Actor, limit: int, keep_open: bool, on: Connection | None = None
+    ) -> list[int]:
+        """Claim up to ``limit`` in a new transaction of ``actor`` (``on``: in the one
+        open on that connection instead, left to the caller to end)."""
         now = self.clock.now
         expected = self._claimable(exclude=self._locked_by_others(actor))[:limit]
+
+        def claim(conn: Connection) -> list[Claim]:
+            return self.dialect.claim(conn, WORKER, eligible(), limit, LEASE, self.owner)
+
         # No rows may block a claim: waiting for another claim is a finding (_run).
-        claims = self._run(
-            actor,
-            lambda conn: self.dialect.claim(conn, WORKER, eligible(), limit, LEASE, self.owner),
-        )
+        claims = claim(on) if on is not None else self._run(actor, claim)
         got = [c.source_id for c in claims]
         if got != expected:
             raise ModelMismatch(
@@ -63,7 +98,7 @@ class ClaimRules(RowRules):
             note(f"claim: {before.claimable(now)}")
         if self._locked_by_others(actor):
             note("claim: while another claim is in progress")
-        if not keep_open:
+        if not keep_open and on is None:
             self._end_claim(actor, "commit")
         return got
 

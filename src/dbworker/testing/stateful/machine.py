@@ -19,6 +19,10 @@ still happens is a finding: a claim waiting for another claim (what SKIP LOCKED 
 for), an application write waiting for dbworker, or a claim holding locks on rows it
 did not claim. SQLite has one writer at a time (``supports_concurrent_claims`` is
 False), so there preconditions keep a second transaction from opening while one is.
+An actor also claims as the scheduler does, on a connection of its own set up as the
+scheduler keeps one (``claim_as_scheduler``: on PostgreSQL its discovery and claim
+commit by themselves), which goes back to the pool at the end of each example as the
+scheduler lets it go: a claim committed where the model believes it still open shows.
 
 Invariants, numbered as in docs/internals.md, and where this machine checks each:
 
