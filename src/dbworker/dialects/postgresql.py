@@ -108,6 +108,8 @@ _SESSION_PLANNED = "dbworker_session_planned"
 _SESSION_OFF = "SELECT " + ", ".join(
     f"set_config('{name}', 'off', false)" for name in PLAN_SETTINGS
 )
+#: ``_guard``'s parameters on such a connection: each setting restored to off.
+_SESSION_GUARD = {f"dbworker_{name}": "off" for name in PLAN_SETTINGS}
 # RESET of each, in one statement: the value the session began with.
 _SESSION_RESET = (
     "SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name IN ({})".format(
@@ -156,8 +158,7 @@ class PostgreSQLDialect(Dialect):
         # pooler, which may hand the next transaction to another server connection.
         if conn.info.get(POOLED) or conn.info.get(_SESSION_PLANNED):
             return
-        with self.autocommitting(conn), conn.begin():
-            conn.exec_driver_sql(_SESSION_OFF)
+        self._for_session(conn, _SESSION_OFF)
         conn.info[_SESSION_PLANNED] = True
 
     def release_scheduler_connection(self, conn: Connection) -> None:
@@ -167,12 +168,16 @@ class PostgreSQLDialect(Dialect):
         if not conn.info.get(_SESSION_PLANNED):
             return
         try:
-            with self.autocommitting(conn), conn.begin():
-                conn.exec_driver_sql(_SESSION_RESET)
+            self._for_session(conn, _SESSION_RESET)
         except Exception:
             conn.invalidate()
             return
         conn.info.pop(_SESSION_PLANNED, None)
+
+    def _for_session(self, conn: Connection, sql: str) -> None:
+        """Run ``sql`` (session-wide settings) on ``conn``, which holds no transaction."""
+        with self.autocommitting(conn), conn.begin():
+            conn.exec_driver_sql(sql)
 
     def _alone_if_planned(self, conn: Connection) -> AbstractContextManager[bool]:
         """A claim's or discovery's one statement as a transaction of its own, on the
@@ -411,7 +416,7 @@ class PostgreSQLDialect(Dialect):
         switched them off already: ``discover_for_claim``)."""
         planned = conn.info.pop(_PLANNED, None)
         if conn.info.get(_SESSION_PLANNED):  # off for the session: restored to off
-            return {f"dbworker_{name}": "off" for name in PLAN_SETTINGS}
+            return dict(_SESSION_GUARD)
         if planned is not None and planned[0] is conn.get_transaction():
             return dict(planned[1])
         row = self._rows_of(conn, "plan_guard", _GUARD, {})[0]

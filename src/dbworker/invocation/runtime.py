@@ -330,16 +330,7 @@ class Runtime:
                     # with the handler's first statement; the instance stays loaded.
                     source = self.load_apart(session, worker, task.source, task.source_id, read)
                 elif early is None:
-                    with self.dialect.autocommitting(bind) as alone:
-                        if alone:  # a statement of its own, on the handler's connection
-                            # Begun (no BEGIN is sent) for the check of a connection
-                            # that idled (``dialects.liveness``), which a begin runs.
-                            with bind.begin():
-                                source = self.load_apart(
-                                    session, worker, task.source, task.source_id, bind
-                                )
-                        else:
-                            source = self.load(session, worker, task.source, task.source_id)
+                    source = self._load_first(session, worker, task, bind)
                 session._dbworker_guarded = True
                 if source is None:
                     raise LookupError(
@@ -404,6 +395,21 @@ class Runtime:
         finally:
             if not handed:  # a parting's session is closed after its batch
                 session.close()
+
+    def _load_first(
+        self, session: HandlerSession, worker: WorkerTable, task: Task, bind: Connection
+    ) -> Any:
+        """The task's row, loaded into ``session`` before its handler runs: as a
+        statement of its own on the handler's connection where the dialect sends one so
+        (``Dialect.autocommitting``), so that the handler's transaction begins with its
+        first statement; otherwise in that transaction."""
+        with self.dialect.autocommitting(bind) as alone:
+            if not alone:
+                return self.load(session, worker, task.source, task.source_id)
+            # Begun (no BEGIN is sent) for the check of a connection that idled
+            # (``dialects.liveness``), which a begin runs.
+            with bind.begin():
+                return self.load_apart(session, worker, task.source, task.source_id, bind)
 
     def record_failure(self, task: Task, worker: WorkerTable, exc: BaseException) -> Result:
         failure = HandlerFailure.of(task, exc, transient=self.dialect.is_transient(exc))

@@ -58,10 +58,7 @@ class ClaimRules(RowRules):
             except DBAPIError as exc:
                 self._fail_on_lock_wait(actor, exc)
                 raise
-        for sid, (_, after) in actor.pending.items():
-            self.records[sid] = after
-            actor.held[sid] = after.token
-        actor.pending.clear()
+        self._claims_committed(actor)
 
     def _claim(
         self, actor: Actor, limit: int, keep_open: bool, on: Connection | None = None
@@ -124,16 +121,23 @@ class ClaimRules(RowRules):
                         f" {actor.name}'s open claim held it (was {before})"
                     )
             self._commit(actor)
-            for sid, (_, after) in actor.pending.items():
-                self.records[sid] = after
-                actor.held[sid] = after.token
-            for sid, (_, after) in actor.keyed_pending.items():
-                self.keyed_records[sid] = after
-                actor.keyed_held[sid] = after.token
-        elif how == "rollback":
+            self._claims_committed(actor)
+            return
+        if how == "rollback":
             self._rollback(actor)
         else:
             self._crash(actor)
+        actor.pending.clear()
+        actor.keyed_pending.clear()
+
+    def _claims_committed(self, actor: Actor) -> None:
+        """``actor``'s claims in progress committed: the model's records and its beliefs."""
+        for sid, (_, after) in actor.pending.items():
+            self.records[sid] = after
+            actor.held[sid] = after.token
+        for sid, (_, after) in actor.keyed_pending.items():
+            self.keyed_records[sid] = after
+            actor.keyed_held[sid] = after.token
         actor.pending.clear()
         actor.keyed_pending.clear()
 
