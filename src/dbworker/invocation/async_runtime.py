@@ -1,8 +1,9 @@
 """What runs an ``async def`` handler: one invocation on an event loop, recorded under
 its token in the handler's own transaction (the same guarantee as ``runtime.py``).
 
-The handler gets an ``AsyncSession`` on its own connection of an async engine
-(psycopg's async mode, aiosqlite, aiomysql). The fenced status change is the
+The handler gets an ``AsyncSession`` that takes its own connection of an async engine
+(psycopg's async mode, aiosqlite, aiomysql) at its first statement (``_Lent``): a
+handler that sends none holds none. The fenced status change is the
 dialect's own statement, run on the session's connection through ``run_sync``, so
 the handler's writes and the status change commit together or not at all, and no
 SQL is written twice. Many invocations run at once on one loop; each has its own
@@ -19,10 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sqlalchemy import Connection
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
+from sqlalchemy.util import await_only
 
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
@@ -210,23 +213,21 @@ class AsyncRuntime:
         source: Any = _UNREAD
         try:
             if together:
-                # Read apart before taking a connection, so that the reads of a burst
-                # of starts (each of which may wait to connect) go together, and the
-                # handler holds no transaction while it waits: if it sends no
+                # Read apart, so that the reads of a burst of starts go together, and
+                # the handler holds no transaction while it waits: if it sends no
                 # statement, its ending joins others'.
                 session, source = await self._read_first(task, worker, session)
-            conn = await self._take()
         except Exception as exc:
             turn.end()
             return await self.record_failure(task, worker, exc)
         handler_session = session.sync_session
         assert isinstance(handler_session, HandlerSession)
-        session.bind = conn
-        handler_session.bind = conn.sync_connection
+        lent = _Lent(self)
+        handler_session._dbworker_lend = lent
         kept = False
         try:
             result = await self._invoke(
-                task, worker, conn, session, handler_session, turn, source, returned
+                task, worker, lent, session, handler_session, turn, source, returned
             )
             kept = result is not None and result.kind in KEPT_AFTER
             return result
@@ -234,21 +235,23 @@ class AsyncRuntime:
             # Cancelled (a timeout, a lost claim, a stop) mid-statement, perhaps: the
             # connection's state is unknown, so it is discarded, and the server rolls
             # the transaction back.
-            if not handler_session._dbworker_parted:
+            if lent.conn is not None:
                 with contextlib.suppress(Exception):
-                    await conn.invalidate()
+                    await lent.conn.invalidate()
+                lent.conn = None
             raise
         finally:
             handler_session._dbworker_guarded = False
+            handler_session._dbworker_lend = None
             with contextlib.suppress(Exception):
                 await session.close()
-            if handler_session._dbworker_parted:
-                pass  # given back when its handler returned
+            if lent.conn is None:
+                pass  # it took none, or gave it back when its handler returned
             elif kept and self.keeps_connections:
-                self._idle.append(conn)
+                self._idle.append(lent.conn)
             else:  # whatever went wrong may have left the connection unusable
                 with contextlib.suppress(Exception):
-                    await conn.close()
+                    await lent.conn.close()
 
     @property
     def keeps_connections(self) -> bool:
@@ -287,7 +290,7 @@ class AsyncRuntime:
         self,
         task: Task,
         worker: WorkerTable,
-        conn: AsyncConnection,
+        lent: _Lent,
         session: AsyncSession,
         guarded: HandlerSession,
         turn: StartingTurn,
@@ -327,18 +330,22 @@ class AsyncRuntime:
             else:
                 decision = decide(Ending.UNFINISHED, delay=outcome.delay)
                 kind = ResultKind.UNFINISHED
-            if together and self.dialect.group_commit and not conn.in_transaction():
+            if together and self.dialect.group_commit and not lent.holding():
                 guarded._dbworker_guarded = False
+                guarded._dbworker_lend = None
                 parting = Parting(task, worker, guarded, outcome)
-                # Nothing of it is on its connection (its batch binds the session to
-                # its own): the next invocation may take the connection at once.
+                # Nothing of it is on its connection, if it took one (its batch binds
+                # the session to its own): the next invocation may take it at once.
                 guarded._dbworker_parted = True
-                await self._give_back(conn, True)
+                if lent.conn is not None:
+                    conn, lent.conn = lent.conn, None
+                    guarded.bind = None
+                    await self._give_back(conn, True)
                 return await self.partings.end(parting)
             # The flush, the fenced ending and the commit (or rollback) in one trip
             # through the greenlet: each trip is a pass of the loop, shared with every
             # invocation in flight.
-            async with self.ending.turn(holding=conn.in_transaction()):
+            async with self.ending.turn(holding=lent.holding()):
                 done = await session.run_sync(_finish, self.dialect, worker, task, decision)
             return Result(task.key, kind if done else ResultKind.LOST)
         except Exception as exc:
@@ -448,6 +455,28 @@ def _finish(
 
 #: A source row not read yet (``_connected``).
 _UNREAD = object()
+
+
+class _Lent:
+    """An invocation's connection, taken when its session sends its first statement
+    (``HandlerSession._dbworker_lend``: inside SQLAlchemy's greenlet, where the
+    runtime's kept connection, or the pool's, can be awaited)."""
+
+    __slots__ = ("conn", "runtime")
+
+    def __init__(self, runtime: AsyncRuntime) -> None:
+        self.runtime = runtime
+        self.conn: AsyncConnection | None = None
+
+    def __call__(self) -> Connection:
+        conn = self.conn = await_only(self.runtime._take())
+        sync = conn.sync_connection
+        assert sync is not None  # taken open
+        return sync
+
+    def holding(self) -> bool:
+        """Whether it took a connection and holds a transaction on it."""
+        return self.conn is not None and self.conn.in_transaction()
 
 
 @dataclass(eq=False, slots=True)

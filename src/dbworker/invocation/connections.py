@@ -3,7 +3,8 @@
 Checking a connection out of the pool and back in (with the pool's reset) for every
 invocation costs a short task a tenth of its time in the handler process. So each
 thread that runs invocations keeps its connection checked out while invocations
-follow one another, and the handler's session is bound to it. What the pool did at
+follow one another, and the handler's session takes it at its first statement
+(opening it then, the first time). What the pool did at
 each checkout still happens: a connection idle for longer than
 ``liveness.IDLE_SECONDS`` is pinged when its next transaction begins and replaced if
 it died (``dialects.liveness``); one left invalidated, closed or in a transaction is
@@ -13,7 +14,6 @@ given back to the pool (which rolls it back) and another checked out.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -39,13 +39,45 @@ def pool_options(
     return {"pool_size": capacity, "max_overflow": 2 * capacity + shared, **options}
 
 
-@dataclass(slots=True)
 class ThreadConnections:
-    """One thread's connections: the handler's, and where the dialect reads the source
-    row apart (``Dialect.source_read_apart``) one for that read."""
+    """One thread's connections, each opened when first used: the handler's
+    (``write``), and where the dialect reads the source row apart
+    (``Dialect.source_read_apart``) one for that read. A thread whose handlers send no
+    statement (their rows read by the process's reading thread, their endings committed
+    with others') opens neither: 50 threads of I/O waits do not hold 50 connections."""
 
-    write: Connection
-    read: Connection | None
+    __slots__ = ("_engine", "_read", "_write", "read_apart")
+
+    def __init__(self, engine: Engine, read_apart: bool) -> None:
+        self._engine = engine
+        self.read_apart = read_apart
+        self._write: Connection | None = None
+        self._read: Connection | None = None
+
+    @property
+    def write(self) -> Connection:
+        if self._write is None:
+            self._write = self._engine.connect()
+        return self._write
+
+    @property
+    def read(self) -> Connection:
+        assert self.read_apart, "this dialect reads the source row in the handler's transaction"
+        if self._read is None:
+            self._read = self._engine.connect().execution_options(**{READ_ONLY_OPTION: True})
+        return self._read
+
+    def lend(self) -> Connection:
+        """``write``, for a handler's session at its first statement
+        (``HandlerSession._dbworker_lend``)."""
+        return self.write
+
+    def holding(self) -> bool:
+        """Whether the handler's connection is open and in a transaction."""
+        return self._write is not None and self._write.in_transaction()
+
+    def opened(self) -> list[Connection]:
+        return [conn for conn in (self._write, self._read) if conn is not None]
 
 
 class HeldConnections:
@@ -93,15 +125,7 @@ class HeldConnections:
         self._local = threading.local()
 
     def _check_out(self) -> ThreadConnections:
-        write = self.engine.connect()
-        read = None
-        if self.read_apart:
-            try:
-                read = self.engine.connect().execution_options(**{READ_ONLY_OPTION: True})
-            except BaseException:
-                write.close()
-                raise
-        held = ThreadConnections(write, read)
+        held = ThreadConnections(self.engine, self.read_apart)
         self._local.held = held
         with self._lock:
             self._by_id[id(held)] = held
@@ -111,15 +135,13 @@ class HeldConnections:
     def _usable(held: ThreadConnections) -> bool:
         # An idle one is pinged when its next transaction begins (``liveness``).
         return not any(
-            conn is not None and (conn.closed or conn.invalidated or conn.in_transaction())
-            for conn in (held.write, held.read)
+            conn.closed or conn.invalidated or conn.in_transaction() for conn in held.opened()
         )
 
 
 def _close(held: ThreadConnections) -> None:
-    for conn in (held.write, held.read):
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # already broken: the pool has let go of it
-                conn.invalidate()
+    for conn in held.opened():
+        try:
+            conn.close()
+        except Exception:  # already broken: the pool has let go of it
+            conn.invalidate()

@@ -23,7 +23,7 @@ from ..core.tasks import Result, ResultKind, Task, TaskKey
 from ..dialects import Dialect, WorkerTable, for_engine
 from ..dialects.terms import NEVER_ISSUED_TOKEN
 from ..schema import detached_table
-from .connections import HeldConnections
+from .connections import HeldConnections, ThreadConnections
 from .failures import HandlerFailure
 from .loading import SourceLoader
 from .reading import ThreadReads, reading_options
@@ -294,7 +294,7 @@ class Runtime:
         except Exception as exc:
             return self.record_failure(task, worker, exc)
         try:
-            result = self._invoke(task, worker, held.write, held.read, parted)
+            result = self._invoke(task, worker, held, parted)
         except BaseException:
             self.held.drop()
             raise
@@ -308,29 +308,32 @@ class Runtime:
         self,
         task: Task,
         worker: WorkerTable,
-        bind: Connection,
-        read: Connection | None,
+        held: ThreadConnections,
         parted: Callable[[Result], None] | None = None,
     ) -> Result | None:
         early = None if self.reads is None else self.reads.take(task.key)
         if early is None:
             # Nothing reads the instances after the commit: expiring them is wasted work.
-            session = HandlerSession(bind=bind, expire_on_commit=False)
+            session = HandlerSession(expire_on_commit=False)
         else:  # read ahead: the handler's transaction begins with its first statement
             read_early, source = early
             assert isinstance(read_early, HandlerSession)
             session = read_early
-            session.bind = bind
+            session.bind = None
+        # Its connection is taken at its first statement, if it sends one.
+        session._dbworker_lend = held.lend
         handed = False
         try:
             try:
-                if early is None and read is not None:
+                if early is None and held.read_apart:
                     # Read the row apart (on a connection kept for reading), so that
                     # the handler's transaction (and the write lock it takes) starts
                     # with the handler's first statement; the instance stays loaded.
-                    source = self.load_apart(session, worker, task.source, task.source_id, read)
+                    source = self.load_apart(
+                        session, worker, task.source, task.source_id, held.read
+                    )
                 elif early is None:
-                    source = self._load_first(session, worker, task, bind)
+                    source = self._load_first(session, worker, task, held.write)
                 session._dbworker_guarded = True
                 if source is None:
                     raise LookupError(
@@ -356,22 +359,24 @@ class Runtime:
                     parted is not None
                     and self.endings is not None
                     and self.dialect.group_commit
-                    and not bind.in_transaction()
+                    and not held.holding()
                 ):
                     # It holds no transaction: its ending goes with others', and its
                     # thread takes its next task meanwhile.
                     session._dbworker_guarded = False
+                    session._dbworker_lend = None
+                    session.bind = None
                     self.endings.submit(Parting(task, worker, session, outcome), parted)
                     handed = True
                     return None
-                with self.ending.turn(holding=bind.in_transaction()):
-                    if not bind.in_transaction() and not _has_changes(session):
+                with self.ending.turn(holding=held.holding()):
+                    if not held.holding() and not _has_changes(session):
                         # The handler sent no statement (its row was read apart) and
                         # left nothing to flush: the status change is all there is to
                         # commit, in a transaction of its own.
                         session._dbworker_guarded = False
                         done = self.dialect.record_alone(
-                            bind, worker, task.source_id, task.token, decision
+                            held.write, worker, task.source_id, task.token, decision
                         )
                         return Result(task.key, kind if done else ResultKind.LOST)
                     # The handler's own writes first: their errors are the handler's,
