@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -152,6 +153,39 @@ def test_a_failing_flush_in_a_batch_is_that_items_failure_only(
     assert setup.effects() == {1: 1, 2: 1, 4: 1, 5: 1}
     assert setup.status(3) is ExecutionStatus.FAILED
     assert setup.finished_count() == 4
+    assert sorted(CALLS) == list(range(1, 6)), "no handler ran twice"
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["inserted", "insert-failed"])
+def test_a_batch_of_plain_inserts_ends_with_no_savepoint_unless_its_insert_fails(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    failing: bool,
+) -> None:
+    """The common batch is BEGIN, one INSERT, the FINISHes, COMMIT; a failing INSERT
+    rolls it back and the batch ends again a savepoint each, where the failure is its
+    own item's (as in the test above)."""
+    setup = rig(["ok", "ok", "bad" if failing else "ok", "ok", "ok"])
+    _skip_alone(setup)
+    savepoints: list[int] = []
+    begin_nested = Connection.begin_nested
+
+    def counted(conn: Connection) -> Any:
+        savepoints.append(1)
+        return begin_nested(conn)
+
+    monkeypatch.setattr(Connection, "begin_nested", counted)
+    results, batches, _ = run_together(setup, monkeypatch)
+    (batch,) = [b for b in batches if 3 in b]
+    assert len(batch) > 1, batches
+    if failing:
+        assert savepoints, "the batch ended again a savepoint each"
+        assert [r.kind for r in results] == [FINISHED, FINISHED, FAILED, FINISHED, FINISHED]
+        assert setup.effects() == {1: 1, 2: 1, 4: 1, 5: 1}
+    else:
+        assert savepoints == []
+        assert [r.kind for r in results] == [FINISHED] * 5
+        assert setup.effects() == {i: 1 for i in range(1, 6)}
     assert sorted(CALLS) == list(range(1, 6)), "no handler ran twice"
 
 

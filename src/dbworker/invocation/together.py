@@ -26,7 +26,10 @@ rolled back and its failure recorded in another. Where a parting's session holds
 new objects of a plain mapping and nobody listens for its flush, they are written with
 Core INSERTs instead (``plain_inserts.py``), and the finished partings of a batch
 that write the same columns of one table in one statement, in a savepoint of its own:
-if it fails, each of them is written alone, as above. When the transaction fails as a
+if it fails, each of them is written alone, as above. The common batch, where every
+parting finished and they all write the same columns of one table, has no savepoint
+at all (``_end_in_one``: BEGIN, the INSERT, the FINISHes, COMMIT); if its INSERT
+fails, the batch is rolled back and ends again as above. When the transaction fails as a
 whole (``finish_all`` matched fewer rows, so a claim was lost; the connection; the
 COMMIT), nothing of it is known to have committed, and each parting's invocation runs
 again alone from the start (its handler called again, as a group's items are), where
@@ -95,11 +98,14 @@ def end_together(dialect: Dialect, conn: Connection, partings: Sequence[Parting]
     their results, in order. Raises when the transaction failed as a whole (rolled
     back): then none of them ended."""
     driver_savepoints(conn.engine)
+    planned = [(parting, _PLAIN.rows(parting.session)) for parting in partings]
+    whole = _in_one_statement(planned)
+    if whole is not None and _end_in_one(dialect, conn, whole, partings):
+        return [Result(parting.task.key, ResultKind.FINISHED) for parting in partings]
     results: list[Result] = []
     finishing: dict[int, tuple[WorkerTable, list[Task]]] = {}
     try:
         conn.begin()
-        planned = [(parting, _PLAIN.rows(parting.session)) for parting in partings]
         ended: dict[int, Result] = {}
         for group in _plain_groups(planned):
             ended.update(_end_plain_group(conn, group, finishing))
@@ -143,6 +149,63 @@ def end_together(dialect: Dialect, conn: Connection, partings: Sequence[Parting]
             conn.rollback()
         raise
     return results
+
+
+def _in_one_statement(
+    planned: Sequence[tuple[Parting, tuple[Insert, list[dict[str, Any]]] | None]],
+) -> tuple[Insert, list[dict[str, Any]]] | None:
+    """The INSERT and all its rows when every parting of a batch finished and writes
+    plain inserts of one statement with the same columns; else None."""
+    statement: Insert | None = None
+    columns: tuple[str, ...] | None = None
+    rows: list[dict[str, Any]] = []
+    for parting, writes in planned:
+        if writes is None or not isinstance(parting.outcome, Finished):
+            return None
+        insert_, own = writes
+        for row in own:
+            keys = tuple(sorted(row))
+            if statement is None:
+                statement, columns = insert_, keys
+            elif insert_ is not statement or keys != columns:
+                return None
+        rows.extend(own)
+    return None if statement is None else (statement, rows)
+
+
+def _end_in_one(
+    dialect: Dialect,
+    conn: Connection,
+    whole: tuple[Insert, list[dict[str, Any]]],
+    partings: Sequence[Parting],
+) -> bool:
+    """The common batch, with no savepoint: BEGIN, one INSERT of every parting's rows,
+    the FINISHes, COMMIT (a savepoint and its release were two round trips of six).
+    True once committed. False when the INSERT failed (one row's constraint, say): it
+    was rolled back, nothing of the batch is written, and the batch ends again a
+    savepoint each, where a failure is its own parting's. Raises, as ``end_together``,
+    when the transaction failed otherwise."""
+    statement, rows = whole
+    try:
+        conn.begin()
+        try:
+            conn.execute(statement, rows)
+        except Exception:
+            conn.rollback()
+            return False
+        by_worker: dict[int, tuple[WorkerTable, list[tuple[Any, int]]]] = {}
+        for parting in partings:
+            _, held = by_worker.setdefault(id(parting.worker.table), (parting.worker, []))
+            held.append((parting.task.source_id, parting.task.token))
+        for worker, held in by_worker.values():
+            if dialect.finish_all(conn, worker, held) != len(held):
+                raise ClaimLost()
+        conn.commit()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            conn.rollback()
+        raise
+    return True
 
 
 #: Partings whose writes go in one statement: (their index in the batch, the parting,
