@@ -2,7 +2,7 @@
 its token in the handler's own transaction (the same guarantee as ``runtime.py``).
 
 The handler gets an ``AsyncSession`` that takes its own connection of an async engine
-(psycopg's async mode, aiosqlite, aiomysql) at its first statement (``_Lent``): a
+(psycopg's async mode, aiosqlite, aiomysql) at its first statement (``first_statement.py``): a
 handler that sends none holds none. The fenced status change is the
 dialect's own statement, run on the session's connection through ``run_sync``, so
 the handler's writes and the status change commit together or not at all, and no
@@ -20,12 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Connection
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
-from sqlalchemy.util import await_only
 
 from ..core.errors import HandlerContractError
 from ..core.outcomes import Finished, Unfinished
@@ -35,6 +33,7 @@ from ..core.timing import AHEAD_PER_SLOT
 from ..dialects import Dialect, WorkerTable, for_engine
 from .connections import pool_options
 from .failures import HandlerFailure
+from .first_statement import AsyncLent
 from .loading import SourceLoader
 from .reading import READS_AT_ONCE, AsyncReads, Wanted, reading_options
 from .runtime import KEPT_AFTER, ChildConfig, worker_table
@@ -222,7 +221,7 @@ class AsyncRuntime:
             return await self.record_failure(task, worker, exc)
         handler_session = session.sync_session
         assert isinstance(handler_session, HandlerSession)
-        lent = _Lent(self)
+        lent = AsyncLent(self._take)
         handler_session._dbworker_lend = lent
         kept = False
         try:
@@ -290,7 +289,7 @@ class AsyncRuntime:
         self,
         task: Task,
         worker: WorkerTable,
-        lent: _Lent,
+        lent: AsyncLent,
         session: AsyncSession,
         guarded: HandlerSession,
         turn: StartingTurn,
@@ -455,28 +454,6 @@ def _finish(
 
 #: A source row not read yet (``_connected``).
 _UNREAD = object()
-
-
-class _Lent:
-    """An invocation's connection, taken when its session sends its first statement
-    (``HandlerSession._dbworker_lend``: inside SQLAlchemy's greenlet, where the
-    runtime's kept connection, or the pool's, can be awaited)."""
-
-    __slots__ = ("conn", "runtime")
-
-    def __init__(self, runtime: AsyncRuntime) -> None:
-        self.runtime = runtime
-        self.conn: AsyncConnection | None = None
-
-    def __call__(self) -> Connection:
-        conn = self.conn = await_only(self.runtime._take())
-        sync = conn.sync_connection
-        assert sync is not None  # taken open
-        return sync
-
-    def holding(self) -> bool:
-        """Whether it took a connection and holds a transaction on it."""
-        return self.conn is not None and self.conn.in_transaction()
 
 
 @dataclass(eq=False, slots=True)
