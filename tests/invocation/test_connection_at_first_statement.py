@@ -35,9 +35,8 @@ FINISHED = ResultKind.FINISHED
 AT_ONCE = 12
 
 
-def _connects(engine: Engine) -> list[int]:
-    """One entry per new DBAPI connection of ``engine`` from now on."""
-    opened: list[int] = []
+def _connects(engine: Engine, opened: list[int]) -> list[int]:
+    """``opened``, given one entry per new DBAPI connection of ``engine`` from now on."""
     event.listen(engine, "connect", lambda *_: opened.append(1))
     return opened
 
@@ -98,7 +97,7 @@ def _run_async(
 
     async def main() -> list[Result]:
         await runtime.warm_up()
-        opened.extend(_connects(runtime.engine.sync_engine))
+        _connects(runtime.engine.sync_engine, opened)
         try:
             if scenario is not None:
                 return list(await scenario(runtime, tasks))
@@ -189,7 +188,7 @@ def test_threads_whose_handlers_send_no_statement_open_no_connection(
         done.release()
 
     runtime.warm_up()
-    opened = _connects(runtime.engine)
+    opened = _connects(runtime.engine, [])
     try:
         for task in tasks:
             runtime.read_ahead(task)

@@ -28,8 +28,8 @@ class HandlerSession(Session):
     #: Lends the session its connection at its first statement, where it was made with
     #: none: a handler that sends none (an I/O wait, its row read apart, its writes
     #: ending with others') holds no connection, and a wave of 50 such handlers does not
-    #: open 50 connections (``benchmarks.io``: 50 connects at the first wave cost the
-    #: handler process ~1 ms of CPU each, on the loop every start waits on).
+    #: open 50 connections (``benchmarks.io``'s worker opened 58 in all, 8 now: each
+    #: connect cost the handler process about 1 ms of CPU, at a wave's starts).
     _dbworker_lend: Callable[[], Connection] | None = None
 
     def get_bind(
