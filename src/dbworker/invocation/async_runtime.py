@@ -2,9 +2,9 @@
 its token in the handler's own transaction (the same guarantee as ``runtime.py``).
 
 The handler gets an ``AsyncSession`` that takes its own connection of an async engine
-(psycopg's async mode, aiosqlite, aiomysql) at its first statement (``first_statement.py``): a
-handler that sends none holds none. The fenced status change is the
-dialect's own statement, run on the session's connection through ``run_sync``, so
+(psycopg's async mode, aiosqlite, aiomysql) at its first statement
+(``first_statement.py``): a handler that sends none holds none. The fenced status
+change is the dialect's own statement, run on the session's connection through ``run_sync``, so
 the handler's writes and the status change commit together or not at all, and no
 SQL is written twice. Many invocations run at once on one loop; each has its own
 connection and transaction. Cancelling one (its timeout, a lost claim) discards its

@@ -139,11 +139,7 @@ def end_together(dialect: Dialect, conn: Connection, partings: Sequence[Parting]
                     roll_back_item(session)
                 result = record_failure_in(dialect, parting.task, parting.worker, conn, exc)
             results.append(result)
-        for worker, tasks in finishing.values():
-            held = [(task.source_id, task.token) for task in tasks]
-            if held and dialect.finish_all(conn, worker, held) != len(held):
-                raise ClaimLost()
-        conn.commit()
+        _finish_and_commit(dialect, conn, finishing)
     except BaseException:
         with contextlib.suppress(Exception):
             conn.rollback()
@@ -193,19 +189,28 @@ def _end_in_one(
         except Exception:
             conn.rollback()
             return False
-        by_worker: dict[int, tuple[WorkerTable, list[tuple[Any, int]]]] = {}
+        finishing: dict[int, tuple[WorkerTable, list[Task]]] = {}
         for parting in partings:
-            _, held = by_worker.setdefault(id(parting.worker.table), (parting.worker, []))
-            held.append((parting.task.source_id, parting.task.token))
-        for worker, held in by_worker.values():
-            if dialect.finish_all(conn, worker, held) != len(held):
-                raise ClaimLost()
-        conn.commit()
+            _, tasks = finishing.setdefault(id(parting.worker.table), (parting.worker, []))
+            tasks.append(parting.task)
+        _finish_and_commit(dialect, conn, finishing)
     except BaseException:
         with contextlib.suppress(Exception):
             conn.rollback()
         raise
     return True
+
+
+def _finish_and_commit(
+    dialect: Dialect, conn: Connection, finishing: dict[int, tuple[WorkerTable, list[Task]]]
+) -> None:
+    """A batch's FINISHes, one statement per worker, then its COMMIT; ``ClaimLost`` when
+    one matched fewer rows than it named."""
+    for worker, tasks in finishing.values():
+        held = [(task.source_id, task.token) for task in tasks]
+        if held and dialect.finish_all(conn, worker, held) != len(held):
+            raise ClaimLost()
+    conn.commit()
 
 
 #: Partings whose writes go in one statement: (their index in the batch, the parting,
