@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import inspect as pyinspect
 import pickle
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, overload
 
-from sqlalchemy import ColumnElement, Integer, Select, Table, inspect, select
+from sqlalchemy import ColumnElement, Connection, Integer, Select, Table, inspect, select
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Mapper, Session
@@ -27,6 +27,7 @@ from .core.tasks import Task
 from .core.timing import RetryPolicy, require_positive
 from .dialects import Claim, Dialect, WorkerTable
 from .executors import ExecutorChoice, Pool
+from .invocation.loading import SourceLoader
 from .limit_options import check_limits
 from .records import ExecutionState, FailedItem
 from .schema import execution_table
@@ -168,6 +169,9 @@ class Registration:
     #: The query of a worker without ``eligible``, built once: the same object at every
     #: claim, whose statement the dialect then finds without building its cache key.
     _default_eligible: Select[Any] | None = field(default=None, init=False, repr=False)
+    #: Reads source rows for tasks that carry them (``source_rows``); False once a read
+    #: failed (``stop_reading_rows``).
+    _rows: SourceLoader | bool | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         mapper = source_mapper(self.source)
@@ -209,8 +213,24 @@ class Registration:
         """Whether its execution rows carry the ``held_key`` of an ``exclusive_by`` limit."""
         return self.table.limits is not None and self.table.limits.keyed
 
-    def task(self, claim: Claim) -> Task:
-        """What an executor needs to run one invocation under ``claim``."""
+    def source_rows(self, conn: Connection, keys: Sequence[Any]) -> dict[Any, tuple[Any, ...]]:
+        """The source rows of ``keys``, read on ``conn`` as a handler process would read
+        them (``Task.row``), by key; none where the mapping needs the ORM's load, or
+        after ``stop_reading_rows``."""
+        if self._rows is None:
+            self._rows = SourceLoader(self.source, self.table.source_pk)
+        if not isinstance(self._rows, SourceLoader) or not keys:
+            return {}
+        return self._rows.rows(keys, conn) or {}
+
+    def stop_reading_rows(self) -> None:
+        """A read of ``source_rows`` failed other than for a while: its handler
+        processes read their rows from now on."""
+        self._rows = False
+
+    def task(self, claim: Claim, row: tuple[Any, ...] | None = None) -> Task:
+        """What an executor needs to run one invocation under ``claim`` (with its
+        source row, if read with the claim)."""
         return Task(
             self.name,
             claim.source_id,
@@ -223,6 +243,7 @@ class Registration:
             self.keyed,
             # A grouped item has no start of its own for a timeout to count from.
             alone=self.timeout is not None or not self.dialect.group_commit,
+            row=row,
         )
 
     # -- status, for the application -------------------------------------------------

@@ -34,6 +34,8 @@ class _Outbox:
 
 
 class _Executor:
+    uses_rows = False
+
     def free_slots(self) -> int:
         return 2
 
@@ -67,7 +69,7 @@ def _scheduler(dialect: _Dialect) -> Any:
 
 def _state() -> WorkerState:
     worker: Any = SimpleNamespace(
-        name="w", table=None, eligible_query=lambda: None, task=lambda claim: claim
+        name="w", table=None, eligible_query=lambda: None, task=lambda claim, row=None: claim
     )
     backoff = PollBackoff(TIMINGS.poll_seconds, TIMINGS.max_poll_seconds)
     return WorkerState(worker, _Executor(), backoff, discovery=_NoDiscovery())  # type: ignore[arg-type]

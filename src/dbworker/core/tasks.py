@@ -56,6 +56,10 @@ class Task:
     #: Never run in a group (several items in one transaction): its worker has a
     #: timeout, which counts from the handler's own start and stops the process.
     alone: bool = False
+    #: The source row's column values (as ``invocation.loading`` reads them), read in
+    #: the claim's transaction for a task that starts at once in an idle process: its
+    #: handler process then sends no read of its own (``Registration.source_rows``).
+    row: tuple[Any, ...] | None = None
 
     @property
     def key(self) -> TaskKey:
@@ -137,7 +141,7 @@ def describe(exc: BaseException) -> ErrorInfo:
 # the pickled handler, source model and retry policy, which are the same for every task
 # of a worker and so are pickled once per worker.
 
-TaskHeader = tuple[str, Any, int, int, int]
+TaskHeader = tuple[str, Any, int, int, int, tuple[Any, ...] | None]
 TaskMessage = tuple[TaskHeader, bytes]
 
 
@@ -146,7 +150,8 @@ def task_payload(task: Task) -> bytes:
 
 
 def task_message(task: Task, payload: bytes) -> TaskMessage:
-    return (task.worker, task.source_id, task.token, task.attempt, task.failures), payload
+    header = (task.worker, task.source_id, task.token, task.attempt, task.failures, task.row)
+    return header, payload
 
 
 #: Payloads already unpickled in this process: every task of a worker carries the same
@@ -159,7 +164,7 @@ _decoded: dict[bytes, tuple[Callable[..., Any], type[Any], RetryPolicy | None, b
 def task_from_message(message: TaskMessage) -> Task | Result:
     """The task ``message`` carries, or an UNRECORDED result when its handler cannot
     be imported in this process."""
-    (worker, source_id, token, attempt, failures), payload = message
+    (worker, source_id, token, attempt, failures, row), payload = message
     try:
         decoded = _decoded.get(payload)
         if decoded is None:
@@ -177,4 +182,4 @@ def task_from_message(message: TaskMessage) -> Task | Result:
             error_type=info.type,
             traceback=info.traceback,
         )
-    return Task(worker, source_id, token, attempt, failures, handler, source, retry, keyed)
+    return Task(worker, source_id, token, attempt, failures, handler, source, retry, keyed, row=row)

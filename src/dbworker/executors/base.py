@@ -100,6 +100,11 @@ class Executor(ABC):
     ``parent_pid`` is the coordinator's: a handler process that outlives it exits.
     """
 
+    #: Whether a task's handler process uses the source row a task carries
+    #: (``Task.row``) instead of reading it: the single path's executors. The scheduler
+    #: reads rows for no other.
+    uses_rows = False
+
     def __init__(self, slots: int, runner: Runner, parent_pid: int) -> None:
         self.slots = slots
         self.runner = runner

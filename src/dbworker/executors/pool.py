@@ -47,6 +47,8 @@ class ProcessPool(Executor):
     to whichever process frees first.
     """
 
+    uses_rows = True
+
     def __init__(
         self,
         slots: int,

@@ -225,5 +225,5 @@ def run_next(
 
 
 def message_key(message: TaskMessage) -> TaskKey:
-    worker, source_id, token, _attempt, _failures = message[0]
+    worker, source_id, token, _attempt, _failures, _row = message[0]
     return (worker, source_id, token)

@@ -110,24 +110,39 @@ class SourceLoader:
             return None
         if not wanted:
             return []
+        by_key = self.rows([source_id for _, source_id in wanted], conn)
+        assert by_key is not None  # a mapping of plain columns
+        found = []
+        for session, source_id in wanted:
+            row = by_key.get(source_id)
+            found.append(None if row is None else self._instance(session, row))
+        return found
+
+    def rows(self, keys: Sequence[Any], conn: Connection) -> dict[Any, tuple[Any, ...]] | None:
+        """The rows of ``keys`` in one statement on ``conn``, by key, as ``instance``
+        takes them (a key whose row is gone is missing); None if this mapping needs the
+        ORM's load."""
+        if self._columns is None:
+            return None
+        if not keys:
+            return {}
         # On the driver's cursor, as a single row is: SQLAlchemy's execution of an
         # expanding IN was as much of a group's CPU as making the instances. The last
         # key is repeated up to the statement's count (a row is found once).
-        count = 1 << (len(wanted) - 1).bit_length()
+        count = 1 << (len(keys) - 1).bit_length()
         statement = self._many_for(count)
-        keys = [source_id for _, source_id in wanted]
         params = {f"{_KEYS}_{i}": keys[min(i, len(keys) - 1)] for i in range(count)}
         driver = self._driver.get(conn, ("many", count), statement)
         if driver is None:
             rows: Sequence[Any] = conn.execute(statement, params).all()
         else:
             rows = all_rows(conn, driver, params)
-        by_key = {row[self._key_at]: row for row in rows}
-        found = []
-        for session, source_id in wanted:
-            row = by_key.get(source_id)
-            found.append(None if row is None else self._instance(session, tuple(row)))
-        return found
+        return {row[self._key_at]: tuple(row) for row in rows}
+
+    def instance(self, session: Session, row: tuple[Any, ...]) -> Any | None:
+        """The instance of ``row`` (from ``rows``), persistent in ``session``; None when
+        the session needs the ORM's load (it holds instances, or someone listens)."""
+        return self._instance(session, row) if self._direct_for(session) else None
 
     def _many_for(self, count: int) -> Any:
         statement = self._many.get(count)

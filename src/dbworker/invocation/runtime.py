@@ -325,6 +325,12 @@ class Runtime:
         handed = False
         try:
             try:
+                if early is None and task.row is not None:
+                    # Read with its claim (``Task.row``): no statement of its own; a
+                    # session that needs the ORM's load reads it below after all.
+                    source = self._loader(task.source, worker).instance(session, task.row)
+                    if source is not None:
+                        early = (session, source)
                 if early is None and held.read_apart:
                     # Read the row apart (on a connection kept for reading), so that
                     # the handler's transaction (and the write lock it takes) starts

@@ -26,6 +26,7 @@ from ..dialects import Claim, Claims, Dialect, Owner
 from ..events import Event, EventKind, Events
 from ..wakeups import Wakeups
 from ..wakeups.cancels import cancelled_workers
+from ..worker import Registration
 from .outbox import Deferred, Outbox, SchedulerHealth
 from .outcomes import Outcomes
 from .state import WorkerState
@@ -349,6 +350,11 @@ class Scheduler:
             if discovered:
                 state.discovery.sweep(self.outbox, self.dialect, worker.table, now)
             free = state.executor.free_slots()
+            # Nothing of it in flight: whatever it claims now starts at once in an idle
+            # process, so its rows are read with the claim, and that process (idle, its
+            # connection cold) sends no read of its own (``Task.row``).
+            quiet = not state.held and state.executor.uses_rows
+            rows: dict[Any, tuple[Any, ...]] = {}
 
             def discover_and_claim(conn: Connection) -> tuple[Any, Sequence[Claim]]:
                 # One transaction, one COMMIT: after a wake-up, discovery's own commit
@@ -366,6 +372,9 @@ class Scheduler:
                     self.timings.lease_seconds,
                     self.owner,
                 )
+                if quiet and claimed:
+                    starting = [claim.source_id for claim in claimed[: worker.concurrency]]
+                    rows.update(self._rows_of(worker, conn, starting))
                 return found, claimed
 
             found, claims = self.outbox.transaction(
@@ -395,8 +404,40 @@ class Scheduler:
         state.next_poll = now
         self.health.claimed += len(claims)
         state.executor.submit_all(
-            [worker.task(claim) for claim in claims if self.outcomes.claimed(state, claim)]
+            [
+                worker.task(claim, rows.get(claim.source_id))
+                for claim in claims
+                if self.outcomes.claimed(state, claim)
+            ]
         )
+
+    def _rows_of(
+        self, worker: Registration, conn: Connection, keys: list[Any]
+    ) -> dict[Any, tuple[Any, ...]]:
+        """``worker.source_rows`` of ``keys``, after its claim on ``conn``. A failed read
+        never fails the claim (which on PostgreSQL's scheduler connection has committed
+        already): its tasks then carry no rows, and after an error that is not
+        transient the worker's never do again."""
+        try:
+            with self.dialect.autocommitting(conn) as alone:
+                if alone:  # the claim committed by itself: so does the read
+                    return worker.source_rows(conn, keys)
+            # PostgreSQL aborts a transaction at a failed statement: the read has a
+            # savepoint of its own there (SQLite and MySQL abort the statement only).
+            if conn.dialect.name != "postgresql":
+                return worker.source_rows(conn, keys)
+            with conn.begin_nested():
+                return worker.source_rows(conn, keys)
+        except Exception as exc:
+            if not self.dialect.is_transient(exc):
+                log.warning(
+                    "dbworker: worker %r: reading source rows with its claims failed; "
+                    "its handler processes read them from now on",
+                    worker.name,
+                    exc_info=exc,
+                )
+                worker.stop_reading_rows()
+            return {}
 
 
 def _fileno(handle: Any) -> int:

@@ -1,0 +1,63 @@
+"""Source rows read with the claim (``Task.row``), on every database: a task claimed
+while its worker has nothing in flight carries its row to the pool; tasks claimed while
+others are in flight carry none (they may wait, and are read when they start); a row
+crosses the pipe with its task. (Its use in the handler process:
+``tests/invocation/test_task_rows.py``.)"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from dbworker import ExecutionStatus
+from dbworker.core.tasks import Task, task_from_message, task_message, task_payload
+from dbworker.executors.pool import ProcessPool
+
+from . import app
+from .support import Rig
+
+FINISHED = ExecutionStatus.FINISHED
+
+
+def _submitted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, Any]]:
+    """(source id, row) of every task the pool is given from now on."""
+    sent: list[tuple[Any, Any]] = []
+    submit_all = ProcessPool.submit_all
+
+    def recorded(self: ProcessPool, tasks: Sequence[Task]) -> None:
+        sent.extend((task.source_id, task.row) for task in tasks)
+        submit_all(self, tasks)
+
+    monkeypatch.setattr(ProcessPool, "submit_all", recorded)
+    return sent
+
+
+def test_a_task_claimed_while_its_worker_is_quiet_carries_its_row(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent = _submitted(monkeypatch)
+    coordinator = rig.coordinator("pool", concurrency=2)
+    coordinator.start()
+    (first,) = rig.add("finish")
+    rig.wait_status(coordinator, [first], FINISHED)
+    assert sent == [(first, (first, "finish", str(rig.workdir)))]
+    # While one is in flight (held at its gate), those claimed carry none.
+    (gated,) = rig.add("gate")
+    rig.wait_status(coordinator, [gated], ExecutionStatus.WORKING)
+    (later,) = rig.add("finish")
+    rig.wait_status(coordinator, [later], FINISHED)
+    (app.gate_path(rig.workdir, gated, 1)).write_text("")
+    rig.wait_status(coordinator, [gated], FINISHED)
+    assert [row for source_id, row in sent if source_id == later] == [None]
+    assert sorted(effect.item_id for effect in rig.effects()) == sorted([first, gated, later])
+
+
+def test_a_row_crosses_the_pipe_with_its_task() -> None:
+    task = Task("w", 7, 3, 1, 0, print, object, row=(7, "plan", "dir"))
+    decoded = task_from_message(task_message(task, task_payload(task)))
+    assert isinstance(decoded, Task)
+    assert decoded.row == (7, "plan", "dir")
+    assert task_from_message(task_message(dataclasses.replace(task, row=None), b"")) is not None

@@ -1,0 +1,80 @@
+"""A task that carries its source row (``Task.row``, read with its claim) runs without
+reading it, on every database: the handler gets the row as it was claimed; a session
+that needs the ORM's load (a listener on it) reads the row as before."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from sqlalchemy import event, update
+from sqlalchemy.orm import Session
+
+from dbworker import Finished, Outcome
+from dbworker.core.tasks import ResultKind
+from dbworker.invocation.loading import SourceLoader
+
+from .test_group import WORKER, GroupEffect, GroupItem, rig  # noqa: F401  (the fixture)
+
+SEEN: list[tuple[int, str]] = []
+
+
+def remember(source: GroupItem, session: Session) -> Outcome:
+    SEEN.append((source.id, source.mode))
+    session.add(GroupEffect(item_id=source.id))
+    return Finished()
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The source ids read from now on, by any of the single path's loads."""
+    read: list[Any] = []
+    for name in ("load", "load_apart"):
+        original = getattr(SourceLoader, name)
+
+        def counted(
+            loader: Any, session: Any, source_id: Any, *rest: Any, _o: Any = original
+        ) -> Any:
+            read.append(source_id)
+            return _o(loader, session, source_id, *rest)
+
+        monkeypatch.setattr(SourceLoader, name, counted)
+    return read
+
+
+def _noop(*_: Any) -> None:
+    pass
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["carried", "session-needs-the-orm"])
+def test_a_task_with_its_row_starts_without_reading_it(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    hooked: bool,
+) -> None:
+    setup = rig(["claimed"])
+    (task,) = setup.tasks
+    registration = setup.coordinator._registration(WORKER)
+    with setup.engine.connect() as conn:
+        rows = registration.source_rows(conn, [task.source_id])
+    assert rows == {task.source_id: (task.source_id, "claimed")}
+    # Changed after the claim: the handler sees the row as it was claimed.
+    with setup.engine.begin() as conn:
+        conn.execute(update(GroupItem).values(mode="changed"))
+    carried = dataclasses.replace(task, handler=remember, row=rows[task.source_id])
+    read = _reads(monkeypatch)
+    SEEN.clear()
+    if hooked:
+        event.listen(Session, "do_orm_execute", _noop)
+    try:
+        result = setup.runtime.run(carried)
+    finally:
+        if hooked:
+            event.remove(Session, "do_orm_execute", _noop)
+    assert result.kind is ResultKind.FINISHED, result
+    if hooked:  # read at its start (through one load or another)
+        assert (set(read), SEEN) == ({task.source_id}, [(task.source_id, "changed")])
+    else:
+        assert (read, SEEN) == ([], [(task.source_id, "claimed")])
+    assert setup.effects() == {task.source_id: 1}
+    assert setup.finished_count() == 1
