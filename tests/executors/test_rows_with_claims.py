@@ -15,6 +15,7 @@ import pytest
 from dbworker import ExecutionStatus
 from dbworker.core.tasks import Task, task_from_message, task_message, task_payload
 from dbworker.executors.pool import ProcessPool
+from dbworker.invocation.loading import SourceLoader
 
 from . import app
 from .support import Rig
@@ -61,3 +62,26 @@ def test_a_row_crosses_the_pipe_with_its_task() -> None:
     assert isinstance(decoded, Task)
     assert decoded.row == (7, "plan", "dir")
     assert task_from_message(task_message(dataclasses.replace(task, row=None), b"")) is not None
+
+
+def test_a_failed_read_of_rows_never_fails_the_claim(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    sent = _submitted(monkeypatch)
+    asked: list[Any] = []
+
+    def failing(self: SourceLoader, keys: Any, conn: Any) -> Any:
+        asked.append(list(keys))
+        raise ValueError("a column type that cannot be read here")
+
+    monkeypatch.setattr(SourceLoader, "rows", failing)
+    coordinator = rig.coordinator("pool", concurrency=2)
+    coordinator.start()
+    (first,) = rig.add("finish")
+    rig.wait_status(coordinator, [first], FINISHED)
+    (second,) = rig.add("finish")
+    rig.wait_status(coordinator, [second], FINISHED)
+    assert sent == [(first, None), (second, None)]
+    assert asked == [[first]], "not asked again after an error that is not transient"
+    assert "reading source rows with its claims failed" in caplog.text
+    assert sorted(effect.item_id for effect in rig.effects()) == [first, second]
