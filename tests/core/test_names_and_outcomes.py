@@ -108,8 +108,8 @@ def test_a_task_payload_is_unpickled_once_per_process() -> None:
     from dbworker.core import tasks
 
     payload = pickle.dumps((print, int, None, False))
-    first = tasks.task_from_message((("w", 1, 1, 1, 0), payload))
-    again = tasks.task_from_message((("w", 2, 1, 1, 0), payload))
+    first = tasks.task_from_message((("w", 1, 1, 1, 0, None), payload))
+    again = tasks.task_from_message((("w", 2, 1, 1, 0, None), payload))
     assert isinstance(first, tasks.Task) and isinstance(again, tasks.Task)
     assert (again.handler, again.source, again.source_id) == (print, int, 2)
     assert tasks._decoded[payload] == (print, int, None, False)
@@ -120,7 +120,7 @@ def test_a_payload_that_cannot_be_unpickled_is_reported_each_time() -> None:
 
     broken = b"not a pickle"
     for _ in range(2):
-        result = tasks.task_from_message((("w", 1, 1, 1, 0), broken))
+        result = tasks.task_from_message((("w", 1, 1, 1, 0, None), broken))
         assert isinstance(result, tasks.Result)
         assert result.kind is tasks.ResultKind.UNRECORDED
     assert broken not in tasks._decoded

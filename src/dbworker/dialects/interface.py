@@ -92,6 +92,10 @@ class DialectInterface(ABC):
     #: transaction: in one statement outside any transaction, on a connection with
     #: ``READ_ONLY_OPTION`` (the dialect's driver connections must be in autocommit).
     source_read_apart: ClassVar[bool] = False
+    #: Whether a failed statement aborts its whole transaction (PostgreSQL), rather
+    #: than that statement only: a read that may fail after a claim then needs a
+    #: savepoint of its own (``Scheduler._rows_of``).
+    failed_statement_aborts_transaction: ClassVar[bool] = False
     #: Whether the database delivers transactional notifications (NOTIFY/LISTEN), with
     #: which writers wake coordinators on other hosts (dbworker.wakeups).
     supports_notify: ClassVar[bool] = False

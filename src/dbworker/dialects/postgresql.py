@@ -127,6 +127,8 @@ class PostgreSQLDialect(Dialect):
     sessions_outlive_processes: ClassVar[bool] = True
     # NOTIFY is delivered with the commit, to listeners on any host.
     supports_notify: ClassVar[bool] = True
+    # A failed statement leaves the transaction "aborted" until it ends.
+    failed_statement_aborts_transaction: ClassVar[bool] = True
     # FOR UPDATE ... SKIP LOCKED inside a CTE that an UPDATE ... RETURNING reads.
     supports_one_statement_claims: ClassVar[bool] = True
     # A data-modifying CTE reads the claim's RETURNING: its rate slots are stamped in it.

@@ -422,9 +422,7 @@ class Scheduler:
             with self.dialect.autocommitting(conn) as alone:
                 if alone:  # the claim committed by itself: so does the read
                     return worker.source_rows(conn, keys)
-            # PostgreSQL aborts a transaction at a failed statement: the read has a
-            # savepoint of its own there (SQLite and MySQL abort the statement only).
-            if conn.dialect.name != "postgresql":
+            if not self.dialect.failed_statement_aborts_transaction:
                 return worker.source_rows(conn, keys)
             with conn.begin_nested():
                 return worker.source_rows(conn, keys)
