@@ -75,12 +75,12 @@ async def query_first(source: GroupItem, session: AsyncSession) -> Outcome:
     return Finished()
 
 
-SENT: list[int] = []
+SENT: list[Any] = []
 
 
 async def hang_after_a_statement(source: GroupItem, session: AsyncSession) -> Outcome:
     await session.execute(select(GroupItem.id).filter_by(id=source.id))
-    SENT.append(source.id)
+    SENT.append(await session.connection())
     await asyncio.sleep(3600)
     return Finished()
 
@@ -156,6 +156,7 @@ def test_a_cancelled_async_handler_discards_the_connection_it_took(
 
     _run_async(setup, hang_after_a_statement, scenario)
     assert kept == [], "a connection whose state is unknown is not kept"
+    assert SENT[0].invalidated, "it is discarded: the server rolls its transaction back"
     assert setup.effects() == {}
     assert setup.status(1) is not ExecutionStatus.FINISHED
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +104,7 @@ def end_together(dialect: Dialect, conn: Connection, partings: Sequence[Parting]
         return [Result(parting.task.key, ResultKind.FINISHED) for parting in partings]
     results: list[Result] = []
     finishing: dict[int, tuple[WorkerTable, list[Task]]] = {}
-    try:
+    with _rolled_back_on_error(conn):
         conn.begin()
         ended: dict[int, Result] = {}
         for group in _plain_groups(planned):
@@ -140,10 +140,6 @@ def end_together(dialect: Dialect, conn: Connection, partings: Sequence[Parting]
                 result = record_failure_in(dialect, parting.task, parting.worker, conn, exc)
             results.append(result)
         _finish_and_commit(dialect, conn, finishing)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            conn.rollback()
-        raise
     return results
 
 
@@ -182,7 +178,7 @@ def _end_in_one(
     savepoint each, where a failure is its own parting's. Raises, as ``end_together``,
     when the transaction failed otherwise."""
     statement, rows = whole
-    try:
+    with _rolled_back_on_error(conn):
         conn.begin()
         try:
             conn.execute(statement, rows)
@@ -194,11 +190,18 @@ def _end_in_one(
             _, tasks = finishing.setdefault(id(parting.worker.table), (parting.worker, []))
             tasks.append(parting.task)
         _finish_and_commit(dialect, conn, finishing)
+    return True
+
+
+@contextlib.contextmanager
+def _rolled_back_on_error(conn: Connection) -> Iterator[None]:
+    """A batch's transaction on ``conn``, rolled back if anything in it raises."""
+    try:
+        yield
     except BaseException:
         with contextlib.suppress(Exception):
             conn.rollback()
         raise
-    return True
 
 
 def _finish_and_commit(

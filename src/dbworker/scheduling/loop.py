@@ -420,10 +420,10 @@ class Scheduler:
         transient the worker's never do again."""
         try:
             with self.dialect.autocommitting(conn) as alone:
-                if alone:  # the claim committed by itself: so does the read
+                # Alone where the claim committed by itself; else in its transaction,
+                # with a savepoint where a failed statement would abort all of it.
+                if alone or not self.dialect.failed_statement_aborts_transaction:
                     return worker.source_rows(conn, keys)
-            if not self.dialect.failed_statement_aborts_transaction:
-                return worker.source_rows(conn, keys)
             with conn.begin_nested():
                 return worker.source_rows(conn, keys)
         except Exception as exc:
