@@ -96,6 +96,8 @@ class IgnoresLease(Dialect):
 class ClaimsTerminal(Dialect):
     """FINISHED and FAILED records are claimable again."""
 
+    claimable_phases = frozenset(Phase)
+
     def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         terminal = table.c.status.in_([Phase.FINISHED.value, Phase.FAILED.value])
         return or_(super().claimable(table, now), terminal)

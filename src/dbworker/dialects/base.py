@@ -24,6 +24,7 @@ from ..core.transitions import Transition
 from .claiming import Claiming
 from .discovery import Discovery
 from .fenced import FencedTransitions
+from .many_rows import ManyRows
 from .reading import CANCELLED_TYPE, Reading
 from .terms import (
     NEVER_ISSUED_TOKEN,
@@ -53,7 +54,7 @@ __all__ = [
 CANCELLED = ErrorInfo("Cancelled: the item was cancelled", CANCELLED_TYPE)
 
 
-class Dialect(Claiming, Discovery, Reading, FencedTransitions):
+class Dialect(Claiming, Discovery, Reading, FencedTransitions, ManyRows):
     """Shared SQL for every database; subclasses override the divergent parts.
 
     A subclass must provide ``backend_names``, ``db_now`` and ``insert_ignore``, and may

@@ -51,6 +51,8 @@ class Claiming(DialectInterface):
     #: claim's search and UPDATE in one statement, and a rated claim's slots locked and
     #: stamped in its claim's statement, over the claim's RETURNING.
     supports_stamp_in_claim: ClassVar[bool] = False
+    #: The statuses ``claimable`` admits at all (a search may read only their records).
+    claimable_phases: ClassVar[frozenset[Phase]] = OPEN
 
     def claimable(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         """SQL for ``core.transitions.Record.claimable``: CLAIM or TAKEOVER is legal now."""
@@ -64,7 +66,7 @@ class Claiming(DialectInterface):
     def _claimable_at(self, table: Table, now: ColumnElement[float]) -> ColumnElement[bool]:
         status = table.c.status
         return and_(
-            status_in(status, OPEN),
+            status_in(status, self.claimable_phases),
             or_(
                 status == status_literal(Phase.PENDING),
                 and_(

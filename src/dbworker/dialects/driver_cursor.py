@@ -51,8 +51,8 @@ class DriverStatement:
     @classmethod
     def compile(cls, statement: Any, dialect: SADialect) -> DriverStatement | None:
         """``statement`` compiled for ``dialect``, or None when its parameters need
-        SQLAlchemy at execution time (rendered after compilation, escaped names, or
-        input sizes the driver must be told)."""
+        SQLAlchemy at execution time (rendered after compilation, escaped names, column
+        defaults it computes, or input sizes the driver must be told)."""
         if dialect.bind_typing is BindTyping.SETINPUTSIZES:
             return None
         compiled = statement.compile(dialect=dialect)
@@ -62,6 +62,9 @@ class DriverStatement:
             compiled.post_compile_params
             or compiled.literal_execute_params
             or compiled.escaped_bind_names
+            # Column defaults computed in Python at each execution (an INSERT's).
+            or compiled.insert_prefetch
+            or compiled.update_prefetch
         ):
             return None
         fixed: dict[str, Any] = {}

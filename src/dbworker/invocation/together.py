@@ -108,7 +108,7 @@ def end_together(dialect: Dialect, conn: Connection, partings: Sequence[Parting]
         conn.begin()
         ended: dict[int, Result] = {}
         for group in _plain_groups(planned):
-            ended.update(_end_plain_group(conn, group, finishing))
+            ended.update(_end_plain_group(dialect, conn, group, finishing))
         for index, (parting, writes) in enumerate(planned):
             if index in ended:
                 results.append(ended[index])
@@ -181,7 +181,7 @@ def _end_in_one(
     with _rolled_back_on_error(conn):
         conn.begin()
         try:
-            conn.execute(statement, rows)
+            dialect.insert_rows(conn, statement, rows)
         except Exception:
             conn.rollback()
             return False
@@ -240,6 +240,7 @@ def _plain_groups(
 
 
 def _end_plain_group(
+    dialect: Dialect,
     conn: Connection,
     group: _PlainGroup,
     finishing: dict[int, tuple[WorkerTable, list[Task]]],
@@ -251,7 +252,7 @@ def _end_plain_group(
     statement, members = group
     savepoint = conn.begin_nested()
     try:
-        conn.execute(statement, [row for _, _, rows in members for row in rows])
+        dialect.insert_rows(conn, statement, [row for _, _, rows in members for row in rows])
     except Exception:
         roll_back_item(savepoint)
         return {}
