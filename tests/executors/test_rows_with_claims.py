@@ -1,8 +1,8 @@
 """Source rows read with the claim (``Task.row``), on every database: a task claimed
-while its worker has nothing in flight carries its row to the pool; tasks claimed while
-others are in flight carry none (they may wait, and are read when they start); a row
-crosses the pipe with its task. (Its use in the handler process:
-``tests/invocation/test_task_rows.py``.)"""
+while its worker has nothing in flight carries its row to the pool, the threads and the
+event loop's processes; tasks claimed while others are in flight carry none (they may
+wait, and are read when they start or on arrival); a row crosses the pipe with its
+task. (Its use in the handler process: ``tests/invocation/test_task_rows.py``.)"""
 
 from __future__ import annotations
 
@@ -14,33 +14,44 @@ import pytest
 
 from dbworker import ExecutionStatus
 from dbworker.core.tasks import Task, task_from_message, task_message, task_payload
+from dbworker.executors.multiplexed import MultiplexedPool
 from dbworker.executors.pool import ProcessPool
 from dbworker.invocation.loading import SourceLoader
 
-from . import app
+from . import app, async_app
 from .support import Rig
 
 FINISHED = ExecutionStatus.FINISHED
 
 
-def _submitted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, Any]]:
-    """(source id, row) of every task the pool is given from now on."""
-    sent: list[tuple[Any, Any]] = []
-    submit_all = ProcessPool.submit_all
+#: Each executor that takes rows with claims, its class and its handler.
+TAKING_ROWS: dict[str, tuple[type[Any], Any]] = {
+    "pool": (ProcessPool, app.handle),
+    "threads": (MultiplexedPool, app.handle),
+    "asyncio": (MultiplexedPool, async_app.handle),
+}
 
-    def recorded(self: ProcessPool, tasks: Sequence[Task]) -> None:
+
+def _submitted(monkeypatch: pytest.MonkeyPatch, executor: type[Any]) -> list[tuple[Any, Any]]:
+    """(source id, row) of every task ``executor`` is given from now on."""
+    sent: list[tuple[Any, Any]] = []
+    submit_all = executor.submit_all
+
+    def recorded(self: Any, tasks: Sequence[Task]) -> None:
         sent.extend((task.source_id, task.row) for task in tasks)
         submit_all(self, tasks)
 
-    monkeypatch.setattr(ProcessPool, "submit_all", recorded)
+    monkeypatch.setattr(executor, "submit_all", recorded)
     return sent
 
 
+@pytest.mark.parametrize("executor", sorted(TAKING_ROWS))
 def test_a_task_claimed_while_its_worker_is_quiet_carries_its_row(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, executor: str
 ) -> None:
-    sent = _submitted(monkeypatch)
-    coordinator = rig.coordinator("pool", concurrency=2)
+    kind, handler = TAKING_ROWS[executor]
+    sent = _submitted(monkeypatch, kind)
+    coordinator = rig.coordinator(executor, concurrency=2, handler=handler)
     coordinator.start()
     (first,) = rig.add("finish")
     rig.wait_status(coordinator, [first], FINISHED)
@@ -69,7 +80,7 @@ def test_a_row_crosses_the_pipe_with_its_task() -> None:
 def test_a_failed_read_of_rows_never_fails_the_claim(
     rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sent = _submitted(monkeypatch)
+    sent = _submitted(monkeypatch, ProcessPool)
     asked: list[Any] = []
 
     def failing(self: SourceLoader, keys: Any, conn: Any) -> Any:

@@ -101,8 +101,8 @@ class Executor(ABC):
     """
 
     #: Whether a task's handler process uses the source row a task carries
-    #: (``Task.row``) instead of reading it: the single path's executors. The scheduler
-    #: reads rows for no other.
+    #: (``Task.row``) instead of reading it: the pool's and the multiplexed processes.
+    #: The scheduler reads rows for no other.
     uses_rows = False
 
     def __init__(self, slots: int, runner: Runner, parent_pid: int) -> None:

@@ -368,7 +368,11 @@ class AsyncRuntime:
         read apart at the start sees it (a statement of its own, before the
         handler's transaction), only earlier: at most ``CLAIM_AHEAD_SECONDS``, what
         the coordinator claims ahead for (``executors.multiplexed``)."""
-        if task.key in self._ahead or len(self._ahead) >= AHEAD_PER_SLOT * self.capacity:
+        if (
+            task.row is not None
+            or task.key in self._ahead
+            or len(self._ahead) >= AHEAD_PER_SLOT * self.capacity
+        ):
             return
         worker = self.prepare(task.worker, task.source, task.keyed)
         session = _handler_session()
@@ -388,8 +392,9 @@ class AsyncRuntime:
     async def _read_first(
         self, task: Task, worker: WorkerTable, session: AsyncSession
     ) -> tuple[AsyncSession, Any]:
-        """The session and row ``task`` starts with: read ahead (``read_ahead``), or
-        now in ``session``. A read ahead that failed or found no row is done again."""
+        """The session and row ``task`` starts with: read ahead (``read_ahead``), read
+        with its claim, or now in ``session``. A read ahead that failed or found no row
+        is done again."""
         early = self._ahead.pop(task.key, None)
         if early is not None:
             self.reads.hurry(early.wanted)
@@ -397,6 +402,12 @@ class AsyncRuntime:
                 source = await early.read
                 if source is not None:
                     return early.session, source
+        elif task.row is not None:
+            # Read with its claim (``Task.row``): no statement of its own, unless the
+            # session needs the ORM's load.
+            source = self._loader(task.source, worker).instance(session.sync_session, task.row)
+            if source is not None:
+                return session, source
         return session, await self._load_apart(session, task, worker)
 
     async def _load_apart(self, session: AsyncSession, task: Task, worker: WorkerTable) -> Any:
