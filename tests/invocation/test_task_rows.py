@@ -15,10 +15,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from dbworker import Finished, Outcome
-from dbworker.core.tasks import ResultKind
+from dbworker.core.tasks import Result, ResultKind
 from dbworker.invocation.async_runtime import AsyncRuntime
 from dbworker.invocation.loading import SourceLoader
-from dbworker.invocation.runtime import ChildConfig
+from dbworker.invocation.runtime import ChildConfig, Runtime
+from waiting import wait_until
 
 from .test_group import WORKER, GroupEffect, GroupItem, rig  # noqa: F401  (the fixture)
 
@@ -138,3 +139,50 @@ def test_an_async_task_with_its_row_starts_without_reading_it(
         assert (read, SEEN) == ([], [(task.source_id, "claimed")])
     assert setup.effects() == {task.source_id: 1}
     assert setup.finished_count() == 1
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["carried", "session-needs-the-orm"])
+def test_a_threads_task_with_its_row_starts_without_reading_it(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    hooked: bool,
+) -> None:
+    # On threads, tasks arriving are read together (``ThreadReads``): one with its
+    # row is not, and its thread makes its instance from the row.
+    setup = rig(["claimed"])
+    (task,) = setup.tasks
+    registration = setup.coordinator._registration(WORKER)
+    with setup.engine.connect() as conn:
+        rows = registration.source_rows(conn, [task.source_id])
+    with setup.engine.begin() as conn:
+        conn.execute(update(GroupItem).values(mode="changed"))
+    carried = dataclasses.replace(task, handler=remember, row=rows[task.source_id])
+    read = _reads(monkeypatch)
+    many = SourceLoader.load_many_apart
+
+    def counted_many(loader: Any, wanted: Any, *rest: Any) -> Any:
+        read.extend(source_id for _, source_id in wanted)
+        return many(loader, wanted, *rest)
+
+    monkeypatch.setattr(SourceLoader, "load_many_apart", counted_many)
+    runtime = Runtime(ChildConfig(str(setup.engine.url), {}, type(setup.runtime.dialect)))
+    runtime.end_together()
+    SEEN.clear()
+    if hooked:
+        event.listen(Session, "do_orm_execute", _noop)
+    try:
+        runtime.read_ahead(carried, starting=True)
+        ended: list[Result] = []
+        result = runtime.run_later(carried, ended.append)
+        wait_until(lambda: result is not None or ended, "the task's result")
+    finally:
+        if hooked:
+            event.remove(Session, "do_orm_execute", _noop)
+        runtime.dispose()
+    (outcome,) = [result] if result is not None else ended
+    assert outcome.kind is ResultKind.FINISHED, outcome
+    if hooked:
+        assert (set(read), SEEN) == ({task.source_id}, [(task.source_id, "changed")])
+    else:
+        assert (read, SEEN) == ([], [(task.source_id, "claimed")])
+    assert setup.effects() == {task.source_id: 1}

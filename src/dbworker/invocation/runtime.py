@@ -95,8 +95,8 @@ class Runtime:
         """Read ``task``'s row now: it waits for a thread, or (``starting``) one takes
         it at once, and reads with others arriving together (``ThreadReads``). Its
         handler gets the row as read then, before its transaction, as on the event
-        loop."""
-        if self.reads is not None:
+        loop. A task that carries its row (``Task.row``) has nothing to read."""
+        if self.reads is not None and task.row is None:
             self.reads.add(task, HandlerSession(expire_on_commit=False), starting=starting)
 
     def forget_ahead(self, key: TaskKey) -> None:
