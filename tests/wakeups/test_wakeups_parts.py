@@ -319,3 +319,28 @@ def test_an_application_coordinator_that_was_dropped_still_announces(
         receiver.stop()
         engine.dispose()
         shutil.rmtree(runtime)
+
+
+@pytest.mark.backends("postgresql")
+def test_notifications_that_arrive_together_wake_the_scheduler_once(database_url: str) -> None:
+    """A commit to a table several workers watch notifies each one's channel: they
+    arrive together and wake the scheduler once, for all of them (woken for the first
+    alone, it polled that worker before the others)."""
+    engine = create_engine(database_url)
+    woken: list[set[str]] = []
+    listener = Listener(engine, {"wk_a": "a", "wk_b": "b", "wk_c": "c"}, woken.append, "me")
+    listener.start()
+    try:
+        assert listener.listening.wait(10)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "SELECT pg_notify('wk_a', ''), pg_notify('wk_b', ''), pg_notify('wk_c', 'me')"
+            )
+        deadline = time.monotonic() + 10
+        while not woken and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # a second wake, if any, would come now
+    finally:
+        listener.stop()
+        engine.dispose()
+    assert woken == [{"a", "b"}]  # wk_c's was this coordinator's own announcement

@@ -73,11 +73,13 @@ class DiscoverySchedule:
         )
         self.discovered(found, now)
 
-    def sweep(self, outbox: Outbox, dialect: Dialect, table: WorkerTable, now: float) -> None:
-        """The sweeps that are due, each in a transaction of ``outbox``; raises Deferred."""
+    def sweep(self, outbox: Outbox, dialect: Dialect, table: WorkerTable, now: float) -> int:
+        """The sweeps that are due, each in a transaction of ``outbox``; the records they
+        added. Raises Deferred."""
         name = table.name
+        added = 0
         if now >= self.next_full_sweep:
-            outbox.transaction(
+            added = outbox.transaction(
                 f"sweeping all rows of worker={name}",
                 lambda conn: repeat_while_adding(lambda: dialect.sweep(conn, table)),
             )
@@ -94,11 +96,12 @@ class DiscoverySchedule:
                 # Until a watermark is older than the horizon, a key handed out before
                 # the first one was seen can still commit below it: sweep every key.
                 above = oldest if seen_at <= now - SWEEP_HORIZON_SECONDS else None
-                outbox.transaction(
+                added = outbox.transaction(
                     f"sweeping recent rows of worker={name}",
                     lambda conn: dialect.sweep(conn, table, above=above),
                 )
             self.next_sweep = now + SWEEP_EVERY_SECONDS
+        return int(added or 0)
 
     def discover(
         self, conn: Connection, dialect: Dialect, table: WorkerTable, claim_follows: bool = False

@@ -166,13 +166,20 @@ class Listener:
     def _listen(self, conn: Any) -> None:
         checked = time.monotonic()
         while not self._stopping.is_set():
-            for note in conn.notifies(timeout=READ_SECONDS):
+            # What arrived together wakes the scheduler once: a commit to a table that
+            # several workers watch notifies each worker's channel, and woken for the
+            # first alone, the scheduler polled that worker (2 ms) before the others
+            # (``stop_after``: all the notifications of the first packet received).
+            woken: set[str] = set()
+            for note in conn.notifies(timeout=READ_SECONDS, stop_after=1):
                 if note.payload == self.ident:
                     continue  # our own announcement: this coordinator already acted on it
                 name = self.channels.get(note.channel)
                 if name is not None:
                     cancelled = note.payload == CANCEL_PAYLOAD
-                    self._wake({cancel_name(name) if cancelled else name})
+                    woken.add(cancel_name(name) if cancelled else name)
+            if woken:
+                self._wake(woken)
             now = time.monotonic()
             if now - checked >= PING_SECONDS:
                 conn.execute("SELECT 1")
