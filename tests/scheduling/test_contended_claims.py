@@ -49,8 +49,8 @@ class _NoDiscovery(DiscoverySchedule):
     def run(self, *_: Any) -> None:
         pass
 
-    def sweep(self, *_: Any) -> None:
-        pass
+    def sweep(self, *_: Any) -> int:
+        return 0
 
     def discover(self, *_: Any, **__: Any) -> Any:
         return None

@@ -327,7 +327,7 @@ def test_notifications_that_arrive_together_wake_the_scheduler_once(database_url
     arrive together and wake the scheduler once, for all of them (woken for the first
     alone, it polled that worker before the others)."""
     engine = create_engine(database_url)
-    woken: list[set[str]] = []
+    woken: list[set[str] | None] = []
     listener = Listener(engine, {"wk_a": "a", "wk_b": "b", "wk_c": "c"}, woken.append, "me")
     listener.start()
     try:
