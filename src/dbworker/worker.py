@@ -169,9 +169,10 @@ class Registration:
     #: The query of a worker without ``eligible``, built once: the same object at every
     #: claim, whose statement the dialect then finds without building its cache key.
     _default_eligible: Select[Any] | None = field(default=None, init=False, repr=False)
-    #: Reads source rows for tasks that carry them (``source_rows``); False once a read
-    #: failed (``stop_reading_rows``).
-    _rows: SourceLoader | bool | None = field(default=None, init=False, repr=False)
+    #: Reads source rows for tasks that carry them (``source_rows``), made at first use.
+    _loader: SourceLoader | None = field(default=None, init=False, repr=False)
+    #: A read of ``source_rows`` failed for good (``stop_reading_rows``).
+    _rows_stopped: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         mapper = source_mapper(self.source)
@@ -213,20 +214,28 @@ class Registration:
         """Whether its execution rows carry the ``held_key`` of an ``exclusive_by`` limit."""
         return self.table.limits is not None and self.table.limits.keyed
 
+    @property
+    def reads_rows(self) -> bool:
+        """Whether its claims' source rows may be read with them (``source_rows``): its
+        mapping's rows are plain columns, and no read of them failed for good."""
+        return not self._rows_stopped and self._source_loader().plain
+
     def source_rows(self, conn: Connection, keys: Sequence[Any]) -> dict[Any, tuple[Any, ...]]:
         """The source rows of ``keys``, read on ``conn`` as a handler process would read
-        them (``Task.row``), by key; none where the mapping needs the ORM's load, or
-        after ``stop_reading_rows``."""
-        if self._rows is None:
-            self._rows = SourceLoader(self.source, self.table.source_pk)
-        if not isinstance(self._rows, SourceLoader) or not keys:
+        them (``Task.row``), by key; none unless ``reads_rows``."""
+        if not keys or not self.reads_rows:
             return {}
-        return self._rows.rows(keys, conn) or {}
+        return self._source_loader().rows(keys, conn) or {}
 
     def stop_reading_rows(self) -> None:
         """A read of ``source_rows`` failed other than for a while: its handler
         processes read their rows from now on."""
-        self._rows = False
+        self._rows_stopped = True
+
+    def _source_loader(self) -> SourceLoader:
+        if self._loader is None:
+            self._loader = SourceLoader(self.source, self.table.source_pk)
+        return self._loader
 
     def task(self, claim: Claim, row: tuple[Any, ...] | None = None) -> Task:
         """What an executor needs to run one invocation under ``claim`` (with its

@@ -118,6 +118,11 @@ class SourceLoader:
             found.append(None if row is None else self._instance(session, row))
         return found
 
+    @property
+    def plain(self) -> bool:
+        """Whether its rows are read as plain columns (``rows``), not by the ORM's load."""
+        return self._columns is not None
+
     def rows(self, keys: Sequence[Any], conn: Connection) -> dict[Any, tuple[Any, ...]] | None:
         """The rows of ``keys`` in one statement on ``conn``, by key, as ``instance``
         takes them (a key whose row is gone is missing); None if this mapping needs the

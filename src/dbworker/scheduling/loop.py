@@ -351,7 +351,7 @@ class Scheduler:
             # Nothing of it in flight: whatever it claims now starts at once in an idle
             # process, so its rows are read with the claim, and that process (idle, its
             # connection cold) sends no read of its own (``Task.row``).
-            quiet = not state.held and state.executor.uses_rows
+            quiet = not state.held and state.executor.uses_rows and worker.reads_rows
             rows: dict[Any, tuple[Any, ...]] = {}
 
             def discover_and_claim(conn: Connection) -> tuple[Any, Sequence[Claim]]:
