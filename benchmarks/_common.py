@@ -341,11 +341,14 @@ class TreeMemory:
         self.peak_pss_kib = max(self.peak_pss_kib, pss_total)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval):
             self.sample()
-            self._stop.wait(self.interval)
 
     def start(self) -> TreeMemory:
+        # The first sample before the caller's clock starts: walking /proc and reading
+        # smaps_rollup (a few ms, holding this process's GIL) would otherwise delay what
+        # the caller times first (the application's INSERT of a drain, a send).
+        self.sample()
         self._thread = threading.Thread(target=self._run, name="tree-memory", daemon=True)
         self._thread.start()
         return self
