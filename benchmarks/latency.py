@@ -63,7 +63,7 @@ from ._common import (
     write_report,
 )
 from .latency_limit import measure_pickup_limit
-from .latency_trace import TRACE_ENV, breakdown
+from .latency_trace import FLUSH_SECONDS, TRACE_ENV, breakdown
 from .throughput import REDIS_URL, REPOSITORY, _read_json_line, child_environment, stop_process
 
 
@@ -220,6 +220,7 @@ def run_dbworker(
         stamps = {(w, int(i), e): t for (w, i, e), t in _first_times(notes).items()}
         stages = None
         if args.trace:
+            time.sleep(3 * FLUSH_SECONDS)  # the processes write their marks meanwhile
             started = {i: stamps[(PICKUP, i, "start")] for i in committed}
             stages = breakdown(running.notes.with_name("trace"), committed, started)
     label, server = running.label, running.server

@@ -37,3 +37,23 @@ def test_the_benchmark_runs(benchmark: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(output.read_text())["finished_at"]
+
+
+def test_the_pickup_trace_finds_its_stages(tmp_path: Path) -> None:
+    """``benchmarks.latency --trace``: the marks the worker service and its handler
+    processes buffer reach the file, and each stage is found in them."""
+    output = tmp_path / "latency.json"
+    quick = ["--items", "4", "--warmup", "1", "--min-gap", "0.02", "--max-gap", "0.05"]
+    alone = ["--modes", "notify", "--idle-seconds", "0", "--no-celery", "--no-limit"]
+    command = [sys.executable, "-m", "benchmarks.latency", "--dialects", "sqlite"]
+    done = subprocess.run(
+        [*command, *quick, *alone, "--trace", "--output", str(output)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    stages = json.loads(output.read_text())["runs"]["dbworker/sqlite/notify"]["stages"]
+    for stage in ("notify", "discover", "claim", "to_dispatch", "to_process", "load_and_call"):
+        assert stages[stage]["n"] >= 3, stages
