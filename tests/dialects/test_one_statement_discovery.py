@@ -81,6 +81,46 @@ def test_sqlite_reads_the_watermark_inside_its_discovery(database_url: str) -> N
 
 
 @pytest.mark.backends("mysql")
+def test_mariadb_takes_the_watermark_from_the_keys_its_discovery_returns(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watermark read, then the INSERT ... SELECT, which returns the keys it added
+    # (RETURNING, MariaDB 10.5+): no second read. A key another coordinator added
+    # meanwhile comes back too (ON DUPLICATE KEY UPDATE returns the row it left as it
+    # was; the affected rows counted it before), and is the largest known.
+    with Harness(lambda _clock: for_url(database_url), database_url) as h:
+        h.seed(items=())
+        conn = h.actor()
+        if not conn.dialect.insert_returning:
+            pytest.skip("this server has no INSERT ... RETURNING (MySQL)")
+        assert _discover(h, conn) == (0, None)
+        h.add_items(1, 2, 3)
+        for expected, statements in (((3, 3), 2), ((0, 3), 2)):
+            with statements_run(conn) as seen:
+                assert _discover(h, conn) == expected
+            sql = [s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]
+            assert len(sql) == statements, sql
+        h.add_items(7, 9)
+        # Another coordinator adds 9's record between this one's read of the watermark
+        # (3) and its INSERT.
+        read = h.dialect.watermark
+
+        def raced(conn: Connection, worker: Any) -> Any:
+            found = read(conn, worker)
+            h.dialect._add_pending(conn, worker, [(9, 0.0)])
+            return found
+
+        monkeypatch.setattr(h.dialect, "watermark", raced)
+        with statements_run(conn) as seen:
+            assert _discover(h, conn) == (2, 9)
+        monkeypatch.undo()
+        assert len([s for s in seen if "INSERT" in s.upper()]) == 2, seen
+        with statements_run(conn) as seen:
+            assert _discover(h, conn) == (0, 9)
+        assert len([s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]) == 2
+
+
+@pytest.mark.backends("mysql")
 def test_repeatable_read_discovers_in_two_statements(database_url: str) -> None:
     # The application's default on InnoDB: an INSERT ... SELECT would lock the source.
     with Harness(lambda _clock: for_url(database_url), database_url) as h:

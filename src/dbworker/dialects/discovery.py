@@ -113,12 +113,30 @@ class Discovery(DialectInterface):
         if self.watermark_read_in_insert and conn.dialect.insert_returning:
             return self._discover_returning(conn, worker)
 
+        returning = self.discovery_returns_keys and conn.dialect.insert_returning
+
         def build(above: bool) -> Any:
             rows = self._above_watermark(worker, above, *self._pending_values(worker.source_pk))
-            return self.insert_ignore(worker.table).from_select(PENDING_COLUMNS, rows)
+            statement = self.insert_ignore(worker.table).from_select(PENDING_COLUMNS, rows)
+            return statement.returning(worker.table.c.source_id) if returning else statement
 
+        if returning:
+            return self._discover_keys(conn, worker, build)
         added, watermark = self._discovery_round(conn, worker, build)
         return added, self.watermark(conn, worker) if added else watermark
+
+    def _discover_keys(
+        self, conn: Connection, worker: WorkerTable, build: Callable[[bool], Any]
+    ) -> tuple[int, Any]:
+        """``_discovery_round`` of a statement that returns the keys it added (and, as
+        its affected rows counted them, those another coordinator added meanwhile): the
+        largest is the new watermark, without a second read."""
+        watermark = self.watermark(conn, worker)
+        above = watermark is not None
+        key = ("discover_keys", worker.table, above)
+        statement = self._built_once(key, lambda: build(above))
+        keys = [row[0] for row in self._rows_of(conn, key, statement, {"watermark": watermark})]
+        return (len(keys), max(keys)) if keys else (0, watermark)
 
     def _discover_returning(self, conn: Connection, worker: WorkerTable) -> tuple[int, Any]:
         """``_discover_in_one_insert`` in one statement: the INSERT reads the watermark

@@ -80,6 +80,10 @@ class DialectInterface(ABC):
     #: watermark from the table it inserts into (``_discover_returning``), where the
     #: driver has RETURNING. On by choice of each dialect, as measured (SQLite).
     watermark_read_in_insert: ClassVar[bool] = False
+    #: Whether discovery's ``INSERT ... SELECT`` (bounded by the watermark read before
+    #: it) returns the keys it added, where the driver has RETURNING: the largest is the
+    #: new watermark, which a second read would otherwise fetch (MariaDB).
+    discovery_returns_keys: ClassVar[bool] = False
     #: Whether a new connection's first statements pay for loading what they read
     #: into a new server session (PostgreSQL: a new backend process, empty caches).
     new_connection_is_cold: ClassVar[bool] = False

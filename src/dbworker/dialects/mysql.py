@@ -107,6 +107,8 @@ class MySQLDialect(Dialect):
     default_port: ClassVar[int | None] = 3306
     # A failed statement is rolled back alone; the transaction goes on.
     failed_statement_keeps_transaction: ClassVar[bool] = True
+    # MariaDB 10.5+ (RETURNING): a woken discovery's second watermark read goes.
+    discovery_returns_keys: ClassVar[bool] = True
     #: How many unlocked-search rounds a claim makes before settling for fewer rows.
     search_rounds: ClassVar[int] = 4
 
@@ -146,7 +148,8 @@ class MySQLDialect(Dialect):
         # the binary log accepts it (statement-based logging refuses READ COMMITTED).
         # watermark_read_in_insert stays off: read inside the INSERT (MariaDB has
         # RETURNING), dependent pickups' p95 rose from 5.5-7.3 to 11 ms in 4 runs of 4
-        # (benchmarks.latency); no lock wait showed in a two-session test.
+        # (benchmarks.latency); no lock wait showed in a two-session test. The keys
+        # come back instead (discovery_returns_keys): the watermark read after it goes.
         if not self._discovers_in_one_statement(conn):
             return super()._discover_above_watermark(conn, worker)
         return self._discover_in_one_insert(conn, worker)
