@@ -50,9 +50,10 @@ STAGES = (
 
 
 #: Marks not yet written: a mark costs a list append on the traced path (an open, write
-#: and close each took about 50 us, which the stage after it counted); ``_Flusher``
-#: writes them, between pickups, from a thread of its own.
+#: and close each took about 50 us, which the stage after it counted); a thread of the
+#: process's own (``_start_flusher``) writes them every ``FLUSH_SECONDS``, between pickups.
 _pending: list[tuple[float, tuple[object, ...]]] = []
+FLUSH_SECONDS = 0.5
 
 
 def _note(*fields: object) -> None:
@@ -76,9 +77,6 @@ def _start_flusher() -> None:
 
     threading.Thread(target=flush_now_and_then, name="trace-flush", daemon=True).start()
     atexit.register(_flush)
-
-
-FLUSH_SECONDS = 0.5
 
 
 def _wrap(
