@@ -28,6 +28,11 @@ def _discover(h: Harness, conn: Connection) -> tuple[int, Any]:
         return h.dialect.discover_to_watermark(conn, h.items)
 
 
+def _sent(statements: list[str]) -> list[str]:
+    """The statements other than the transaction's own BEGIN and COMMIT."""
+    return [s for s in statements if not s.upper().startswith(("BEGIN", "COMMIT"))]
+
+
 def _one_statement(statements: list[str]) -> bool:
     inserts = [s for s in statements if "INSERT INTO" in s.upper()]
     assert len(inserts) == 1, statements
@@ -55,7 +60,7 @@ def test_postgresql_reads_the_watermark_inside_its_discovery(database_url: str) 
         for expected in ((len(ITEMS), largest), (0, largest)):
             with statements_run(conn) as seen:
                 assert _discover(h, conn) == expected
-            sql = [s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]
+            sql = _sent(seen)
             assert len(sql) == 1, sql
 
 
@@ -72,12 +77,12 @@ def test_sqlite_reads_the_watermark_inside_its_discovery(database_url: str) -> N
         for expected, statements in (((3, 3), 1), ((0, 3), 2)):
             with statements_run(conn) as seen:
                 assert _discover(h, conn) == expected
-            sql = [s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]
+            sql = _sent(seen)
             assert len(sql) == statements, sql
         h.add_items(7, 9)
         with statements_run(conn) as seen:
             assert _discover(h, conn) == (2, 9)
-        assert len([s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]) == 1
+        assert len(_sent(seen)) == 1
 
 
 @pytest.mark.backends("mysql")
@@ -98,7 +103,7 @@ def test_mariadb_takes_the_watermark_from_the_keys_its_discovery_returns(
         for expected, statements in (((3, 3), 2), ((0, 3), 2)):
             with statements_run(conn) as seen:
                 assert _discover(h, conn) == expected
-            sql = [s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]
+            sql = _sent(seen)
             assert len(sql) == statements, sql
         h.add_items(7, 9)
         # Another coordinator adds 9's record between this one's read of the watermark
@@ -117,7 +122,7 @@ def test_mariadb_takes_the_watermark_from_the_keys_its_discovery_returns(
         assert len([s for s in seen if "INSERT" in s.upper()]) == 2, seen
         with statements_run(conn) as seen:
             assert _discover(h, conn) == (0, 9)
-        assert len([s for s in seen if not s.upper().startswith(("BEGIN", "COMMIT"))]) == 2
+        assert len(_sent(seen)) == 2
 
 
 @pytest.mark.backends("mysql")
