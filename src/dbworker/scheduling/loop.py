@@ -434,8 +434,7 @@ class Scheduler:
             state.next_poll = max(self.outbox.blocked_until, now + state.backoff.next_wait())
             return
         if added:
-            state.discovery.idle = False
-            state.poll_now(now)
+            state.poll_now(now)  # not idle, and discovery due
 
     def _rows_of(
         self, worker: Registration, conn: Connection, keys: list[Any]
