@@ -124,6 +124,10 @@ class MultiplexedPool(Executor):
         self._started: dict[TaskKey, float] = {}
         #: Tasks sent ahead to a process and not reported started there.
         self._queued: set[TaskKey] = set()
+        #: How many of ``_queued`` each process holds, by identity: asked on every pass
+        #: and for every task sent (a scan of a process's tasks each time was a fifth of
+        #: the coordinator's CPU at concurrency 50, and grows with it).
+        self._queued_in: collections.Counter[int] = collections.Counter()
         #: Withdrawn tasks still in a process, and when each was withdrawn: no result is
         #: reported for them, but they hold their slots until they end.
         self._withdrawn: dict[TaskKey, float] = {}
@@ -233,23 +237,26 @@ class MultiplexedPool(Executor):
         still commits: tasks reported started beyond its room are such endings, which
         hold no slot (counted, they kept the next wave's tasks from being claimed
         ahead until those endings' results came back)."""
-        queued = self._queued
-        waiting = sum(1 for task in child.tasks if task.key in queued) if queued else 0
+        waiting = self._queued_in[id(child)]
         started = len(child.tasks) - waiting
         return min(started, self._room_of(child)) + waiting
+
+    def _unqueue(self, child: Child, key: TaskKey) -> None:
+        """``key``, of ``child``'s tasks, no longer waits there (started, or gone)."""
+        if key in self._queued:
+            self._queued.discard(key)
+            self._queued_in[id(child)] -= 1
 
     def _message(self, child: Child, task: Task, room: int) -> Any:
         """``task``, now ``child``'s, as the message that sends it there. Sent ahead
         unless it surely finds a slot free: while tasks sent ahead are not reported
         started, the process may be running more than we know."""
-        queued = self._queued
-        ahead = len(child.tasks) >= room or bool(
-            queued and any(t.key in queued for t in child.tasks)
-        )
+        ahead = len(child.tasks) >= room or self._queued_in[id(child)] > 0
         child.tasks.append(task)
         message: Any = task_message(task, self._payloads[task.worker])
         if ahead:
-            queued.add(task.key)
+            self._queued.add(task.key)
+            self._queued_in[id(child)] += 1
             message = (AHEAD, message)
         else:
             self._started[task.key] = time.monotonic()
@@ -318,7 +325,7 @@ class MultiplexedPool(Executor):
                 self._read(child, ended, results)
             now = time.monotonic()
             for key in keys:
-                self._queued.discard(key)
+                self._unqueue(child, key)
                 self._started[key] = now
         elif isinstance(message, tuple) and message and message[0] == CANCELLED:
             self._ended(child, message[1], None, results)
@@ -341,7 +348,7 @@ class MultiplexedPool(Executor):
 
     def _end(self, child: Child, key: TaskKey) -> None:
         self._started.pop(key, None)
-        self._queued.discard(key)
+        self._unqueue(child, key)
         for task in child.tasks:
             if task.key == key:
                 child.tasks.remove(task)
@@ -392,7 +399,7 @@ class MultiplexedPool(Executor):
         for task in child.tasks:
             withdrawn = self._withdrawn.pop(task.key, None) is not None
             if task.key in self._queued:
-                self._queued.discard(task.key)
+                self._unqueue(child, task.key)
                 if not withdrawn:
                     again.append(task)
             elif not withdrawn:
@@ -400,6 +407,7 @@ class MultiplexedPool(Executor):
             else:
                 self._started.pop(task.key, None)
         child.tasks.clear()
+        self._queued_in.pop(id(child), None)
         self._waiting.extendleft(reversed(again))
         return running
 
@@ -407,6 +415,8 @@ class MultiplexedPool(Executor):
         """Kill and replace a process in which only withdrawn tasks run (threads that
         cannot be stopped, or cancels the event loop has not answered in time); the
         tasks it had not started go to the others."""
+        if not self._withdrawn:
+            return  # the usual case, asked after every collect: nothing to scan
         child = self._children[index]
         running = [t for t in child.tasks if t.key not in self._queued]
         withdrawn = [self._withdrawn.get(t.key) for t in running]
