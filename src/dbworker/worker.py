@@ -251,7 +251,8 @@ class Registration:
             self.retry,
             self.keyed,
             # A grouped item has no start of its own for a timeout to count from.
-            alone=self.timeout is not None or not self.dialect.group_commit,
+            alone=self.timeout is not None
+            or not (self.dialect.group_commit or self.dialect.groups_lone_finishes),
             row=row,
         )
 

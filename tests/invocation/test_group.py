@@ -267,14 +267,16 @@ def test_a_group_takes_at_most_its_count(rig: Any) -> None:
 
 
 def test_tasks_are_never_grouped_where_the_dialect_says_so(database_url: str) -> None:
-    """Where the dialect declares no group commit, its tasks are all marked to run alone."""
+    """Where the dialect declares neither group commit nor groups of lone finishes
+    (``lone_finishes.py``), its tasks are all marked to run alone."""
     from dbworker.dialects import Claim
 
     coordinator = Coordinator(sessionmaker(create_engine(database_url)), database_url=database_url)
     coordinator.transactional_worker(name="grouped", source=GroupItem)(_finish)
     registration = coordinator._registration("grouped")
     task = registration.task(Claim(1, 7, 1, 0, 0))
-    assert task.alone is (not registration.dialect.group_commit)
+    dialect = registration.dialect
+    assert task.alone is (not (dialect.group_commit or dialect.groups_lone_finishes))
 
 
 def test_a_coordinator_groups_where_its_server_allows(database_url: str) -> None:

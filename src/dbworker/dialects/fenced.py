@@ -426,6 +426,14 @@ class FencedTransitions:
         with self.autocommitting(conn), conn.begin():
             return self.record(conn, worker, source_id, token, decision)
 
+    def finish_all_alone(
+        self, conn: Connection, worker: WorkerTable, held: Sequence[tuple[Any, int]]
+    ) -> set[Any]:
+        """``finish_all_returning`` as a transaction of its own on ``conn`` (which is in
+        none): the endings of handlers that wrote nothing. The source ids it matched."""
+        with self.autocommitting(conn), conn.begin():
+            return self.finish_all_returning(conn, worker, held)
+
     def reset_failed(self, conn: Connection, worker: WorkerTable, source_id: Any) -> bool:
         # RESET is not fenced (any caller may reset a FAILED record): no token to check.
         return self.transition(conn, worker, Transition.RESET, source_id, NEVER_ISSUED_TOKEN)

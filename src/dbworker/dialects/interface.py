@@ -107,6 +107,11 @@ class DialectInterface(ABC):
     #: savepoint each, with one commit (``invocation/group.py``): worth it where a
     #: commit costs a round trip and a flush to disk.
     supports_group_commit: ClassVar[bool] = True
+    #: Where items do not go in one transaction (``supports_group_commit`` off): whether
+    #: a handler process may still record the FINISHes of consecutive short items that
+    #: wrote nothing in one statement of its own, once after them (``finish_all_alone``,
+    #: ``invocation/lone_finishes.py``).
+    groups_lone_finishes: ClassVar[bool] = False
     #: How many candidate rows a discovery or sweep round reads at most.
     discovery_batch: ClassVar[int] = 1000
 

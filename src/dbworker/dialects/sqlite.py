@@ -75,6 +75,9 @@ class SQLiteDialect(Dialect):
     # A commit is cheap here (WAL, no round trip) and a group would hold the only write
     # lock for the whole group: claims and the other processes wait (8% fewer items/s).
     supports_group_commit: ClassVar[bool] = False
+    # One writer: a group's transaction would hold the write lock while its handlers
+    # run; the FINISHes of items that wrote nothing take it once, for one statement.
+    groups_lone_finishes: ClassVar[bool] = True
     #: ``PRAGMA synchronous`` on dbworker's own connections (FULL: sync every commit).
     synchronous: ClassVar[str] = "NORMAL"
 
@@ -287,6 +290,19 @@ class SQLiteDialect(Dialect):
                 # pysqlite began one itself (an engine this dialect did not configure)
                 driver.commit()
         return done
+
+    def finish_all_alone(
+        self, conn: Connection, worker: WorkerTable, held: Sequence[tuple[Any, int]]
+    ) -> set[Any]:
+        # As record_alone: one autocommitted statement, the write lock held for it alone.
+        with turn_for_one_statement(conn), statements_alone(conn):
+            matched = self.finish_all_returning(conn, worker, held)
+            if conn.in_transaction():
+                conn.commit()
+            driver = conn.connection.dbapi_connection
+            if driver is not None and driver.in_transaction:
+                driver.commit()
+        return matched
 
     @staticmethod
     def _busy_timeout(engine: Engine) -> float:

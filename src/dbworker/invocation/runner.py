@@ -27,6 +27,7 @@ from .connections import pool_options
 from .group import run_group
 from .inherited import refuse_inherited_connections
 from .lending import LentConnections
+from .lone_finishes import run_lone_finishes
 from .runtime import ChildConfig, Runtime
 from .turns import ENDING_AT_ONCE
 
@@ -127,7 +128,11 @@ class ProcessRunner:
         self, tasks: Sequence[Task], withdrawn: Callable[[TaskKey], bool]
     ) -> list[Result]:
         """Run the first of ``tasks`` and as many after it as one transaction takes
-        (``group.py``); their results, once committed."""
+        (``group.py``), or whose FINISHes one statement records (``lone_finishes.py``);
+        their results, once committed."""
+        dialect = self.runtime.dialect
+        if not dialect.group_commit and dialect.groups_lone_finishes:
+            return run_lone_finishes(self.runtime, tasks, withdrawn)
         return run_group(self.runtime, tasks, withdrawn)
 
     def dispose(self) -> None:

@@ -80,6 +80,9 @@ class Runtime:
         self.endings: ThreadEndings | None = None
         #: There too, the rows of tasks waiting for a thread are read ahead.
         self.reads: ThreadReads | None = None
+        #: While a group of lone finishes runs (``lone_finishes.py``): the finished items
+        #: that wrote nothing, whose FINISH is recorded after the group, all in one.
+        self.deferred: list[Task] | None = None
 
     def end_together(self) -> None:
         """Run invocations handed ``later`` with endings together, and read the rows of
@@ -381,6 +384,9 @@ class Runtime:
                         # left nothing to flush: the status change is all there is to
                         # commit, in a transaction of its own.
                         session._dbworker_guarded = False
+                        if self.deferred is not None and kind is ResultKind.FINISHED:
+                            self.deferred.append(task)  # recorded with the group's others
+                            return Result(task.key, kind)
                         done = self.dialect.record_alone(
                             held.write, worker, task.source_id, task.token, decision
                         )
