@@ -15,13 +15,15 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Engine, Integer, String, create_engine, func, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from dbworker import Coordinator, Finished, Outcome
 from runfiles import number_run, write_atomically
+from topologies.pgbouncer import listen_url
 
 WORKER = "group_crash"
 
@@ -97,7 +99,8 @@ def _mid_group(session: Session, source: GroupItem) -> bool:
     )
 
 
-def _first_to_stop(workdir: str) -> bool:
+def first_to_stop(workdir: str) -> bool:
+    """Whether this run is the first to ask (the test stops one run only)."""
     with contextlib.suppress(FileExistsError):
         os.close(os.open(Path(workdir) / (STOPPED + ".lock"), os.O_CREAT | os.O_EXCL))
         return True
@@ -109,7 +112,7 @@ def handle(source: GroupItem, session: Session) -> Outcome:
     run = number_run(lambda n: run_path(workdir, item_id, n), str(os.getpid()))
     session.add(GroupEffect(item_id=item_id, run=run, pid=os.getpid()))
     session.flush()
-    if source.mode == STOPS_MID_GROUP and _mid_group(session, source) and _first_to_stop(workdir):
+    if source.mode == STOPS_MID_GROUP and _mid_group(session, source) and first_to_stop(workdir):
         write_atomically(Path(workdir) / STOPPED, f"{item_id} {os.getpid()}")
         time.sleep(STOP_SECONDS)
     return Finished()
@@ -117,3 +120,41 @@ def handle(source: GroupItem, session: Session) -> Outcome:
 
 def register(coordinator: Coordinator, concurrency: int) -> None:
     coordinator.transactional_worker(name=WORKER, source=GroupItem, concurrency=concurrency)(handle)
+
+
+#: Enough short items for the pool to measure them and start grouping, with an item
+#: that may stop mid-group every few; leases far longer than the tests: an item run
+#: again can only have been handed out again by the coordinator that held it.
+ITEMS = 600
+EVERY = 5
+LONG_LEASE = 120.0
+
+
+def prepare_run(
+    engine: Engine,
+    database_url: str,
+    workdir: Path,
+    register: Callable[[Coordinator, int], None],
+    base: type[DeclarativeBase],
+    item: Callable[..., object],
+) -> Coordinator:
+    """A coordinator (not started) of the worker ``register`` adds, over ``ITEMS`` items
+    of ``item``'s class, every ``EVERY``-th of which stops mid-group."""
+    coordinator = Coordinator(
+        sessionmaker(engine),
+        database_url=database_url,
+        lease_seconds=LONG_LEASE,
+        poll_seconds=0.05,
+        max_poll_seconds=0.2,
+        listen_url=listen_url(database_url),
+    )
+    register(coordinator, 1)
+    base.metadata.create_all(engine)
+    coordinator.create_worker_tables()
+    (workdir / URL).write_text(database_url)
+    with Session(engine) as session, session.begin():
+        session.add_all(
+            item(id=i, mode=STOPS_MID_GROUP if i % EVERY == 0 else QUICK, workdir=str(workdir))
+            for i in range(1, ITEMS + 1)
+        )
+    return coordinator

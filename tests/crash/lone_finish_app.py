@@ -9,7 +9,6 @@ recorded is still counted.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from pathlib import Path
@@ -20,16 +19,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from dbworker import Coordinator, Finished, Outcome
 from runfiles import number_run, write_atomically
 
+from .group_app import STOP_SECONDS, STOPPED, STOPS_MID_GROUP, URL, first_to_stop, run_path
+
 WORKER = "lone_crash"
 
-QUICK = "quick"  # announce, Finished: nothing written
-#: As QUICK, but the first run to find itself after the item before it in a group (it
-#: ran in this process, and its FINISH is not recorded yet) stops there, until killed.
-STOPS_MID_GROUP = "midgroup"
-
-STOP_SECONDS = 600.0
-STOPPED = "stopped"
-URL = "url"
+# The modes (``group_app.prepare_run`` gives them): QUICK announces its run and
+# finishes, writing nothing; STOPS_MID_GROUP too, but the first run to find itself
+# after the item before it in a group (it ran in this process, and its FINISH is not
+# recorded yet) stops there, until killed.
 
 
 class Base(DeclarativeBase):
@@ -42,10 +39,6 @@ class LoneItem(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     mode: Mapped[str] = mapped_column(String(16))
     workdir: Mapped[str] = mapped_column(String(1000))
-
-
-def run_path(workdir: str | Path, item_id: int, run: int) -> Path:
-    return Path(workdir) / f"run-{item_id}-{run}"
 
 
 def runs(workdir: str | Path, item_id: int) -> list[int]:
@@ -78,17 +71,10 @@ def _mid_group(source: LoneItem) -> bool:
     return bool(ran) and ran[-1] == os.getpid() and _status(source.workdir, previous) == "working"
 
 
-def _first_to_stop(workdir: str) -> bool:
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(Path(workdir) / (STOPPED + ".lock"), os.O_CREAT | os.O_EXCL))
-        return True
-    return False
-
-
 def handle(source: LoneItem, session: Session) -> Outcome:
     item_id, workdir, mode = source.id, source.workdir, source.mode
     number_run(lambda n: run_path(workdir, item_id, n), str(os.getpid()))
-    if mode == STOPS_MID_GROUP and _mid_group(source) and _first_to_stop(workdir):
+    if mode == STOPS_MID_GROUP and _mid_group(source) and first_to_stop(workdir):
         write_atomically(Path(workdir) / STOPPED, f"{item_id} {os.getpid()}")
         time.sleep(STOP_SECONDS)
     return Finished()

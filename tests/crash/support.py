@@ -6,10 +6,10 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -135,6 +135,23 @@ def state(coordinator: Coordinator, engine: Engine, item_id: int) -> ExecutionSt
 def status(coordinator: Coordinator, engine: Engine, item_id: int) -> ExecutionStatus | None:
     found = state(coordinator, engine, item_id)
     return None if found is None else found["execution_status"]
+
+
+def status_of(worker: Any, engine: Engine, item_id: int) -> ExecutionStatus | None:
+    """The execution status of ``item_id`` in ``worker`` (a ``coordinator.workers`` entry)."""
+    with Session(engine) as session:
+        found = worker.state(session, item_id)
+    return None if found is None else found["execution_status"]
+
+
+def charged_crashes(worker: Any, engine: Engine, item_ids: Iterable[int]) -> dict[int, int]:
+    """The items of ``worker`` whose record counts a crash, and how many."""
+    with Session(engine) as session:
+        return {
+            i: found["crashes"]
+            for i in item_ids
+            if (found := worker.state(session, i)) is not None and found["crashes"]
+        }
 
 
 def unfinished_states(

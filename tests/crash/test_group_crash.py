@@ -13,24 +13,18 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from dbworker import Coordinator, ExecutionStatus
+from dbworker import ExecutionStatus
 from dbworker.dialects import for_url
 from dbworker.executors import prefetch
-from topologies.pgbouncer import listen_url
 from waiting import wait_until
 
 from . import group_app
+from .support import charged_crashes, status_of
 
-#: Far longer than the test: an item run again can only have been handed out again by
-#: the coordinator that held it, never taken over after its lease ran out.
-LONG_LEASE = 120.0
 WAIT = 60.0
-#: Enough short items for the pool to measure them and start grouping, with an item
-#: that may stop mid-group every few.
-ITEMS = 600
-EVERY = 5
+ITEMS = group_app.ITEMS
 
 
 def committed_effects(engine: Engine) -> dict[int, list[tuple[int, int]]]:
@@ -56,33 +50,13 @@ def test_a_child_killed_mid_group_runs_each_item_of_it_again_and_commits_each_on
     # group ever formed, and the test waited for one in vain. What is under test is a
     # group's crash, not when grouping starts.
     monkeypatch.setattr(prefetch, "GROUP_TYPICAL_SECONDS", 0.1)
-    coordinator = Coordinator(
-        sessionmaker(engine),
-        database_url=database_url,
-        lease_seconds=LONG_LEASE,
-        poll_seconds=0.05,
-        max_poll_seconds=0.2,
-        listen_url=listen_url(database_url),
+    coordinator = group_app.prepare_run(
+        engine, database_url, workdir, group_app.register, group_app.Base, group_app.GroupItem
     )
-    group_app.register(coordinator, concurrency=1)
-    group_app.Base.metadata.create_all(engine)
-    coordinator.create_worker_tables()
-    (workdir / group_app.URL).write_text(database_url)
-    with Session(engine) as session, session.begin():
-        session.add_all(
-            group_app.GroupItem(
-                id=i,
-                mode=group_app.STOPS_MID_GROUP if i % EVERY == 0 else group_app.QUICK,
-                workdir=str(workdir),
-            )
-            for i in range(1, ITEMS + 1)
-        )
     worker = coordinator.workers[group_app.WORKER]
 
     def status(item_id: int) -> ExecutionStatus | None:
-        with Session(engine) as session:
-            state = worker.state(session, item_id)
-        return None if state is None else state["execution_status"]
+        return status_of(worker, engine, item_id)
 
     stopped = workdir / group_app.STOPPED
     coordinator.start()
@@ -115,10 +89,4 @@ def test_a_child_killed_mid_group_runs_each_item_of_it_again_and_commits_each_on
         ((run, effect_pid),) = effects[item_id]
         assert run == 2 and effect_pid != pid
     # Nobody was charged with the crash: which item of the group caused it is not known.
-    with Session(engine) as session:
-        charged = {
-            i: state["crashes"]
-            for i in range(1, ITEMS + 1)
-            if (state := worker.state(session, i)) is not None and state["crashes"]
-        }
-    assert not charged
+    assert not charged_crashes(worker, engine, range(1, ITEMS + 1))

@@ -13,19 +13,18 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
 
-from dbworker import Coordinator, ExecutionStatus
+from dbworker import ExecutionStatus
 from dbworker.dialects import for_url
 from dbworker.executors import prefetch
 from waiting import wait_until
 
+from . import group_app
 from . import lone_finish_app as app
+from .support import charged_crashes, status_of
 
-LONG_LEASE = 120.0
 WAIT = 60.0
-ITEMS = 600
-EVERY = 5
+ITEMS = group_app.ITEMS
 
 
 @pytest.mark.slow
@@ -36,34 +35,15 @@ def test_a_child_killed_mid_group_runs_each_item_of_it_again_uncharged(
     if dialect.supports_group_commit or not dialect.groups_lone_finishes:
         pytest.skip("this database groups in one transaction, or not at all (test_group_crash)")
     monkeypatch.setattr(prefetch, "GROUP_TYPICAL_SECONDS", 0.1)  # as test_group_crash
-    coordinator = Coordinator(
-        sessionmaker(engine),
-        database_url=database_url,
-        lease_seconds=LONG_LEASE,
-        poll_seconds=0.05,
-        max_poll_seconds=0.2,
+    coordinator = group_app.prepare_run(
+        engine, database_url, workdir, app.register, app.Base, app.LoneItem
     )
-    app.register(coordinator, concurrency=1)
-    app.Base.metadata.create_all(engine)
-    coordinator.create_worker_tables()
-    (workdir / app.URL).write_text(database_url)
-    with Session(engine) as session, session.begin():
-        session.add_all(
-            app.LoneItem(
-                id=i,
-                mode=app.STOPS_MID_GROUP if i % EVERY == 0 else app.QUICK,
-                workdir=str(workdir),
-            )
-            for i in range(1, ITEMS + 1)
-        )
     worker = coordinator.workers[app.WORKER]
 
     def status(item_id: int) -> ExecutionStatus | None:
-        with Session(engine) as session:
-            state = worker.state(session, item_id)
-        return None if state is None else state["execution_status"]
+        return status_of(worker, engine, item_id)
 
-    stopped = workdir / app.STOPPED
+    stopped = workdir / group_app.STOPPED
     coordinator.start()
     try:
         wait_until(stopped.exists, "an item to stop in the middle of a group", WAIT)
@@ -87,10 +67,4 @@ def test_a_child_killed_mid_group_runs_each_item_of_it_again_uncharged(
     for item_id in (previous, item):
         pids = app.runs(workdir, item_id)
         assert len(pids) == 2 and pids[0] == pid and pids[1] != pid
-    with Session(engine) as session:
-        charged = {
-            i: state["crashes"]
-            for i in range(1, ITEMS + 1)
-            if (state := worker.state(session, i)) is not None and state["crashes"]
-        }
-    assert not charged
+    assert not charged_crashes(worker, engine, range(1, ITEMS + 1))
