@@ -80,8 +80,9 @@ class Runtime:
         self.endings: ThreadEndings | None = None
         #: There too, the rows of tasks waiting for a thread are read ahead.
         self.reads: ThreadReads | None = None
-        #: While a group of lone finishes runs (``lone_finishes.py``): the finished items
-        #: that wrote nothing, whose FINISH is recorded after the group, all in one.
+        #: While a group of lone finishes runs (``lone_finishes.py``, only in a process
+        #: that runs one invocation at a time): the finished items that wrote nothing,
+        #: whose FINISH is recorded after the group, all in one.
         self.deferred: list[Task] | None = None
 
     def end_together(self) -> None:
