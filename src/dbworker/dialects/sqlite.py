@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -281,28 +281,15 @@ class SQLiteDialect(Dialect):
         # The driver connection autocommits (see _connect): the fenced UPDATE is its own
         # transaction, without BEGIN IMMEDIATE and COMMIT, so the write lock is held for
         # that one statement (the lock, not CPU, bounds how fast short items finish).
-        with turn_for_one_statement(conn), statements_alone(conn):
-            done = self.record(conn, worker, source_id, token, decision)
-            if conn.in_transaction():  # SQLAlchemy's execution began one (someone watches)
-                conn.commit()
-            driver = conn.connection.dbapi_connection
-            if driver is not None and driver.in_transaction:
-                # pysqlite began one itself (an engine this dialect did not configure)
-                driver.commit()
-        return done
+        with _one_statement(conn):
+            return self.record(conn, worker, source_id, token, decision)
 
     def finish_all_alone(
         self, conn: Connection, worker: WorkerTable, held: Sequence[tuple[Any, int]]
     ) -> set[Any]:
         # As record_alone: one autocommitted statement, the write lock held for it alone.
-        with turn_for_one_statement(conn), statements_alone(conn):
-            matched = self.finish_all_returning(conn, worker, held)
-            if conn.in_transaction():
-                conn.commit()
-            driver = conn.connection.dbapi_connection
-            if driver is not None and driver.in_transaction:
-                driver.commit()
-        return matched
+        with _one_statement(conn):
+            return self.finish_all_returning(conn, worker, held)
 
     @staticmethod
     def _busy_timeout(engine: Engine) -> float:
@@ -322,3 +309,18 @@ def _file_path(url: URL) -> str:
     if database.startswith("file:"):  # a URI filename (uri=true)
         database = database[len("file:") :].split("?", 1)[0]
     return os.path.realpath(database) if database else ""
+
+
+@contextlib.contextmanager
+def _one_statement(conn: Connection) -> Iterator[None]:
+    """Within it, a statement on ``conn`` (in no transaction) is a transaction of its
+    own: under the write turn, on the autocommitting driver connection, committed after
+    if something began a transaction around it all the same."""
+    with turn_for_one_statement(conn), statements_alone(conn):
+        yield
+        if conn.in_transaction():  # SQLAlchemy's execution began one (someone watches)
+            conn.commit()
+        driver = conn.connection.dbapi_connection
+        if driver is not None and driver.in_transaction:
+            # pysqlite began one itself (an engine this dialect did not configure)
+            driver.commit()
