@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from ..core.policy import FINISHED
 from ..core.tasks import Result, ResultKind, Task, TaskKey
-from .group import GROUP_MAX_ITEMS, GROUP_SECONDS
+from . import group
 from .runtime import Runtime
 
 
@@ -45,9 +45,10 @@ def run_lone_finishes(
     deferred: list[Task] = []
     runtime.deferred = deferred
     try:
-        for task in tasks[:GROUP_MAX_ITEMS]:
+        # group.py's bounds, read at each use (one setting for both kinds of group).
+        for task in tasks[: group.GROUP_MAX_ITEMS]:
             if results and (
-                time.monotonic() - started > GROUP_SECONDS
+                time.monotonic() - started > group.GROUP_SECONDS
                 or task.worker != first.worker
                 or withdrawn(task.key)
             ):
