@@ -127,3 +127,28 @@ def test_a_group_takes_at_most_its_count(rig: Any) -> None:  # noqa: F811
     results = run_lone_finishes(setup.runtime, setup.tasks, never)
     assert len(results) == group.GROUP_MAX_ITEMS
     assert setup.finished_count() == group.GROUP_MAX_ITEMS
+
+
+def test_a_group_stops_growing_once_it_has_run_its_time(
+    rig: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each group is the item it began with: the FINISH put off for it is recorded then,
+    before the next item runs."""
+    setup = rig(["nothing"] * 3)
+    monkeypatch.setattr(group, "GROUP_SECONDS", 0.0)
+    before_each: list[list[ExecutionStatus | None]] = []
+    sizes = []
+    tasks = list(setup.tasks)
+    while tasks:
+        before_each.append([setup.status(t.source_id) for t in setup.tasks])
+        ran = run_lone_finishes(setup.runtime, tasks, never)
+        sizes.append(len(ran))
+        tasks = tasks[len(ran) :]
+    assert sizes == [1, 1, 1]
+    assert before_each == [
+        [WORKING, WORKING, WORKING],
+        [FINISHED, WORKING, WORKING],
+        [FINISHED, FINISHED, WORKING],
+    ]
+    assert [setup.status(t.source_id) for t in setup.tasks] == [FINISHED] * 3
