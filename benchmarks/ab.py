@@ -15,7 +15,11 @@ same run (``io``).
     python -m benchmarks.ab --base ../base-checkout throughput --dialects sqlite
 
 Results go to ``benchmarks/results/ab_<benchmark>.json`` (``--output``): every run's
-figures, and per figure the medians and this tree's median over the base's.
+figures, and per figure the medians, this tree's median over the base's, and the
+ratio within each round (this over base, run back to back): the machine's speed has
+drifted by up to 2x within one A/B run, which moves both trees' medians, while the
+ratios within rounds keep the comparison (``round_ratios``, their median
+``round_median`` and how many rounds came out above 1, ``rounds_above``).
 """
 
 from __future__ import annotations
@@ -132,20 +136,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in order:
             runs.append({"round": round_, "tree": name, **run(trees[name], benchmark, extra)})
     report["runs"] = runs
-    comparison: dict[str, dict[str, float]] = {}
+    comparison: dict[str, dict[str, Any]] = {}
     keys = sorted({key for r in runs for key in r if key not in ("round", "tree")})
     for key in keys:
         medians = {
             name: statistics.median(float(r[key]) for r in runs if r["tree"] == name and key in r)
             for name in trees
         }
-        comparison[key] = {**medians, "this_over_base": round(medians["this"] / medians["base"], 3)}
+        by_round = {(r["round"], r["tree"]): float(r[key]) for r in runs if key in r}
+        ratios = [
+            round(by_round[(n, "this")] / by_round[(n, "base")], 3)
+            for n in range(args.rounds)
+            if (n, "this") in by_round and by_round.get((n, "base"))
+        ]
+        comparison[key] = {
+            **medians,
+            "this_over_base": round(medians["this"] / medians["base"], 3),
+            "round_ratios": ratios,
+            "round_median": round(statistics.median(ratios), 3) if ratios else float("nan"),
+            "rounds_above": sum(ratio > 1 for ratio in ratios),
+        }
     report["comparison"] = comparison
     report["total_seconds"] = round(time.monotonic() - started, 1)
     output = args.output or RESULTS_DIR / f"ab_{benchmark}.json"
     write_report(output, report)
     for key, row in comparison.items():
-        log(f"{key}: this {row['this']:.3f}, base {row['base']:.3f} ({row['this_over_base']}x)")
+        log(
+            f"{key}: this {row['this']:.3f}, base {row['base']:.3f} ({row['this_over_base']}x);"
+            f" within rounds {row['round_median']}x, above 1 in {row['rounds_above']}"
+            f" of {len(row['round_ratios'])}"
+        )
 
 
 if __name__ == "__main__":

@@ -80,12 +80,12 @@ def test_the_typical_duration_is_weighted_towards_the_past() -> None:
 
 def test_the_pipe_holds_up_to_pipe_depth_of_short_tasks() -> None:
     assert measured(4, 0.001).pipe_depth == 5  # the depth
-    assert measured(32, 0.001).pipe_depth == PIPE_DEPTH < 33
+    assert measured(PIPE_DEPTH, 0.001).pipe_depth == PIPE_DEPTH < PIPE_DEPTH + 1
     assert PrefetchPolicy(32).pipe_depth == 1, "nothing measured"
 
 
 def test_a_long_invocation_leaves_only_the_running_task_in_the_pipe_for_a_while() -> None:
-    policy = measured(32, LONG_INVOCATION_SECONDS * 2, *[0.001] * 1000)
+    policy = measured(PIPE_DEPTH, LONG_INVOCATION_SECONDS * 2, *[0.001] * 1000)
     assert policy.depth > 1
     assert policy.pipe_depth == 1
     # Two half lives on, the peak is half the long invocation: long no more.
@@ -94,7 +94,7 @@ def test_a_long_invocation_leaves_only_the_running_task_in_the_pipe_for_a_while(
 
 
 def test_a_hiccup_shorter_than_a_long_invocation_keeps_the_pipe() -> None:
-    policy = measured(32, 0.001, LONG_INVOCATION_SECONDS / 10, *[0.001] * 100)
+    policy = measured(PIPE_DEPTH, 0.001, LONG_INVOCATION_SECONDS / 10, *[0.001] * 100)
     assert policy.pipe_depth == PIPE_DEPTH
 
 
@@ -145,7 +145,7 @@ def test_free_slots_claims_for_an_idle_process_unless_tasks_wait() -> None:
 
 
 def test_results_are_due_at_once_until_the_pipe_is_full() -> None:
-    policy = PrefetchPolicy(32)
+    policy = PrefetchPolicy(PIPE_DEPTH)
     full = Process(collections.deque(range(PIPE_DEPTH)), started=NOW)
     assert policy.read_by(full) == NOW, "nothing measured"
     policy.measured(0.001, NOW)

@@ -11,17 +11,21 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
-#: Tasks sent ahead into a process's pipe (the one running and up to 31 more): the
+#: Tasks sent ahead into a process's pipe (the one running and up to 63 more): the
 #: next starts without waiting for the coordinator to read the result before it, even
 #: while the coordinator waits for a core (two handler processes and a database
 #: server on two cores) or claims. With three, no-op handlers waited for their next
 #: task a third of the time; with ten, an eighth. With 32 and a 0.2 s horizon, no-op
 #: throughput on PostgreSQL rose from ~2,130 to ~2,690 items/s and on MariaDB from
 #: ~2,120 to ~2,520 (``benchmarks.throughput``, 3,000 items, medians of 3, two runs each;
-#: groups of up to 32 as well gained nothing more there and cost SQLite 5%).
+#: groups of up to 32 as well gained nothing more there and cost SQLite 5%). Once groups
+#: ran a no-op item in well under 0.1 ms, each process still waited with nothing to run
+#: for a third of a 12,000-item run on PostgreSQL, for the claim after its pipe ran
+#: dry; with 64 (and ``DEFAULT_PREFETCH`` 64), items/s per round over 32's: PostgreSQL
+#: 1.21x (median of 7 alternating rounds, every one faster), MariaDB 1.14x, SQLite 1.07x.
 #: ``PrefetchPolicy.depth`` bounds it further to ``PREFETCH_HORIZON_SECONDS`` of recent
 #: work, and to one after a long invocation (``LONG_INVOCATION_SECONDS``).
-PIPE_DEPTH = 32
+PIPE_DEPTH = 64
 #: Prefetch only while the tasks waiting for a process would take about this long
 #: (and a process that ended a task less than this long ago counts as streaming).
 PREFETCH_HORIZON_SECONDS = 0.2

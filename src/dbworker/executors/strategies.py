@@ -30,10 +30,11 @@ def _check_prefetch(value: object) -> None:
 
 
 #: Claimed tasks that may wait for each process while invocations are short (and the
-#: 50 ms horizon allows). A claim is made once half of that room is free, so this sets
-#: the claim's batch: 32 took MariaDB from 604 to 715 no-op items/s and PostgreSQL from
-#: 614 to 689 (medians of alternating runs) against 16; 64 was no faster than 32.
-DEFAULT_PREFETCH = 32
+#: horizon allows). A claim is made once half of that room is free, so this sets the
+#: claim's batch: 32 took MariaDB from 604 to 715 no-op items/s and PostgreSQL from 614
+#: to 689 (medians of alternating runs) against 16, when an item cost ten times what it
+#: does now; 64 then was no faster than 32, and is now (``prefetch.PIPE_DEPTH``).
+DEFAULT_PREFETCH = 64
 
 
 def _check_start_method(method: str | None) -> None:
