@@ -21,6 +21,8 @@ NOW = 1000.0
 
 
 class _Dialect:
+    discovery_batch = 1000
+
     def __init__(self) -> None:
         self.results: list[list[Claim]] = []
 
@@ -53,7 +55,7 @@ class _NoDiscovery(DiscoverySchedule):
         return 0
 
     def discover(self, *_: Any, **__: Any) -> Any:
-        return None
+        return 0, None
 
 
 def _scheduler(dialect: _Dialect) -> Any:

@@ -1,10 +1,14 @@
 """When discovery runs: before a claim when the known records ran short, and otherwise
 at a bounded interval while claims come back full (so rows an ``eligible`` order puts
-first do not wait for a whole backlog)."""
+first do not wait for a whole backlog); through a backlog, ahead of the claims, once
+fewer than two rounds' worth are left unclaimed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from dbworker.scheduling.discovery import BUSY_DISCOVERY_SECONDS, DiscoverySchedule
+from dbworker.scheduling.outbox import Deferred
 
 
 def test_the_first_poll_discovers() -> None:
@@ -30,3 +34,78 @@ def test_a_short_claim_makes_discovery_due_at_once() -> None:
     schedule.claims_full(now=0.0, poll_seconds=0.05)
     schedule.ran_short(now=0.2)
     assert schedule.due(0.2)
+
+
+class _Rounds:
+    """Stands in for the outbox, the dialect and the table of ``DiscoverySchedule.ahead``:
+    counts the rounds run, each finding ``found`` rows."""
+
+    discovery_batch = 4
+
+    def __init__(self, schedule: DiscoverySchedule, found: int, deferred: bool = False) -> None:
+        self.schedule, self.found, self.deferred, self.rounds = schedule, found, deferred, 0
+
+    def ahead(self) -> None:
+        self.schedule.ahead(self, self, self, now=0.0)  # type: ignore[arg-type]
+
+    def run(self, *_args: object) -> None:
+        if self.deferred:
+            raise Deferred
+        self.rounds += 1
+        self.schedule.discovered((self.found, self.rounds), 0.0, self.discovery_batch)
+
+
+def _with_rounds(schedule: DiscoverySchedule, rounds: _Rounds, monkeypatch: Any) -> None:
+    monkeypatch.setattr(DiscoverySchedule, "run", lambda _self, *args: rounds.run(*args))
+
+
+def test_through_a_backlog_discovery_runs_ahead_of_the_claims(monkeypatch: Any) -> None:
+    schedule = DiscoverySchedule()
+    schedule.discovered((4, 10), now=0.0, batch=4)  # a full round: a backlog
+    assert schedule.backlog and schedule.unclaimed == 4
+    rounds = _Rounds(schedule, found=4)
+    _with_rounds(schedule, rounds, monkeypatch)
+    schedule.took(3)
+    rounds.ahead()  # 1 left unclaimed, under two rounds' worth: the next round runs
+    assert rounds.rounds == 1 and schedule.unclaimed == 5
+    rounds.ahead()
+    assert rounds.rounds == 2 and schedule.unclaimed == 9
+    rounds.ahead()  # two rounds' worth left: nothing more yet
+    assert rounds.rounds == 2
+    schedule.took(2)
+    rounds.ahead()
+    assert rounds.rounds == 3 and schedule.unclaimed == 11
+
+
+def test_a_round_that_is_not_full_ends_the_backlog(monkeypatch: Any) -> None:
+    schedule = DiscoverySchedule()
+    schedule.discovered((4, 10), now=0.0, batch=4)
+    rounds = _Rounds(schedule, found=1)
+    _with_rounds(schedule, rounds, monkeypatch)
+    schedule.took(4)
+    rounds.ahead()
+    assert rounds.rounds == 1 and not schedule.backlog
+    rounds.ahead()
+    assert rounds.rounds == 1, "no backlog: discovery waits for a claim to run short"
+
+
+def test_without_a_backlog_nothing_runs_ahead(monkeypatch: Any) -> None:
+    schedule = DiscoverySchedule()
+    schedule.discovered((3, 10), now=0.0, batch=4)
+    rounds = _Rounds(schedule, found=4)
+    _with_rounds(schedule, rounds, monkeypatch)
+    schedule.took(3)
+    rounds.ahead()
+    assert rounds.rounds == 0 and schedule.unclaimed == 0
+
+
+def test_a_round_deferred_is_tried_again_at_the_next_call(monkeypatch: Any) -> None:
+    schedule = DiscoverySchedule()
+    schedule.discovered((4, 10), now=0.0, batch=4)
+    rounds = _Rounds(schedule, found=4, deferred=True)
+    _with_rounds(schedule, rounds, monkeypatch)
+    rounds.ahead()  # the database is away: no error, no round
+    assert rounds.rounds == 0
+    rounds.deferred = False
+    rounds.ahead()
+    assert rounds.rounds == 1

@@ -112,8 +112,10 @@ class DialectInterface(ABC):
     #: wrote nothing in one statement of its own, once after them (``finish_all_alone``,
     #: ``invocation/lone_finishes.py``).
     groups_lone_finishes: ClassVar[bool] = False
-    #: How many candidate rows a discovery or sweep round reads at most.
-    discovery_batch: ClassVar[int] = 1000
+    #: How many candidate rows a discovery or sweep round reads at most. A round holds
+    #: the scheduler up for its length: 250 (2-4 ms on PostgreSQL under load) fits in
+    #: what a handler process's pipe holds, where 1,000 (10-20 ms) emptied them.
+    discovery_batch: ClassVar[int] = 250
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock

@@ -157,6 +157,8 @@ class Scheduler:
                         and now >= state.next_poll
                     ):
                         self._poll(state, now)
+                    elif not self._stopping.is_set():
+                        state.discovery.ahead(self.outbox, self.dialect, state.worker.table, now)
                 self._sleep()
         except BaseException as exc:  # pragma: no cover - a bug; say so loudly, then clean up
             log.exception("dbworker scheduler stopped by an unexpected error")
@@ -382,7 +384,7 @@ class Scheduler:
                 discover_and_claim,
             )
             if discovered:
-                state.discovery.discovered(found, now)
+                state.discovery.discovered(found, now, self.dialect.discovery_batch)
         except Deferred:
             state.next_poll = max(self.outbox.blocked_until, now + state.backoff.next_wait())
             return
@@ -418,6 +420,7 @@ class Scheduler:
         state.backoff.reset()
         state.next_poll = now
         self.health.claimed += len(claims)
+        state.discovery.took(len(claims))
         state.executor.submit_all(
             [
                 worker.task(claim, rows.get(claim.source_id))
