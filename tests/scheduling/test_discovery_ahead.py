@@ -11,16 +11,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from dbworker import Coordinator
 from dbworker.core.tasks import Result, ResultKind, Task, TaskKey
 from dbworker.core.timing import PollBackoff
-from dbworker.dialects import Owner
-from dbworker.engines import coordination_engine
 from dbworker.executors.base import Executor
 from dbworker.scheduling.loop import Scheduler
-from dbworker.scheduling.state import WorkerState
+
+from .rig import scheduler_of
 
 WORKER = "discovery_ahead"
 BATCH = 4
@@ -33,10 +31,6 @@ class Base(DeclarativeBase):
 class Row(Base):
     __tablename__ = "discovery_ahead_rows"
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
-
-
-def handle(source: Any, session: Any) -> Any:
-    raise AssertionError("not run here")
 
 
 class _Busy(Executor):
@@ -87,31 +81,19 @@ class _Busy(Executor):
 def scheduled(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Scheduler, _Busy, sa.Engine, sa.Table]]:
-    app = sa.create_engine(database_url)
-    Base.metadata.create_all(app)
-    coordinator = Coordinator(sessionmaker(app), database_url=database_url)
-    coordinator.transactional_worker(name=WORKER, source=Row)(handle)
-    coordinator.create_worker_tables()
-    registration = coordinator._registration(WORKER)
-    dialect = coordinator._dialect
-    monkeypatch.setattr(type(dialect), "discovery_batch", BATCH)
-    engine = coordination_engine(coordinator._url, dialect, coordinator.engine_options)
     busy = _Busy()
-    state = WorkerState(registration, busy, PollBackoff(0.02, 0.05))
-    # No sweeps (they would add every record there is): discovery's rounds alone.
-    state.discovery.next_sweep = state.discovery.next_full_sweep = float("inf")
-    scheduler = Scheduler(engine, dialect, [state], coordinator._timings, Owner.current())
-    try:
-        yield scheduler, busy, app, registration.table.table
-    finally:
-        if scheduler.thread.is_alive():
-            busy.give_back()
-            scheduler.request_stop(kill_after=None)
-            scheduler.thread.join(10)
-        scheduler.outbox.close()
-        engine.dispose()
-        Base.metadata.drop_all(app)
-        app.dispose()
+    backoff = PollBackoff(0.02, 0.05)
+    with scheduler_of(database_url, Base, Row, WORKER, busy, backoff) as (scheduler, state, app):
+        monkeypatch.setattr(type(scheduler.dialect), "discovery_batch", BATCH)
+        # No sweeps (they would add every record there is): discovery's rounds alone.
+        state.discovery.next_sweep = state.discovery.next_full_sweep = float("inf")
+        try:
+            yield scheduler, busy, app, state.worker.table.table
+        finally:
+            if scheduler.thread.is_alive():
+                busy.give_back()
+                scheduler.request_stop(kill_after=None)
+                scheduler.thread.join(10)
 
 
 def _records(app: sa.Engine, table: sa.Table) -> dict[str, int]:

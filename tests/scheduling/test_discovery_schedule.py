@@ -37,12 +37,12 @@ def test_a_short_claim_makes_discovery_due_at_once() -> None:
 
 
 class _Rounds:
-    """Stands in for the outbox, the dialect and the table of ``DiscoverySchedule.ahead``:
-    counts the rounds run, each finding ``found`` rows."""
+    """Stands in for the outbox, the dialect and the table of ``DiscoverySchedule.ahead``
+    (and for its ``run``): counts the rounds run, each finding ``found`` rows."""
 
     discovery_batch = 4
 
-    def __init__(self, schedule: DiscoverySchedule, found: int, deferred: bool = False) -> None:
+    def __init__(self, schedule: DiscoverySchedule, found: int, deferred: bool) -> None:
         self.schedule, self.found, self.deferred, self.rounds = schedule, found, deferred, 0
 
     def ahead(self) -> None:
@@ -55,16 +55,21 @@ class _Rounds:
         self.schedule.discovered((self.found, self.rounds), 0.0, self.discovery_batch)
 
 
-def _with_rounds(schedule: DiscoverySchedule, rounds: _Rounds, monkeypatch: Any) -> None:
+def _after_a_round(
+    first: int, monkeypatch: Any, found: int = 4, deferred: bool = False
+) -> tuple[DiscoverySchedule, _Rounds]:
+    """A schedule whose first round (of at most 4 rows) found ``first``; its later rounds
+    find ``found`` each."""
+    schedule = DiscoverySchedule()
+    schedule.discovered((first, 10), now=0.0, batch=_Rounds.discovery_batch)
+    rounds = _Rounds(schedule, found, deferred)
     monkeypatch.setattr(DiscoverySchedule, "run", lambda _self, *args: rounds.run(*args))
+    return schedule, rounds
 
 
 def test_through_a_backlog_discovery_runs_ahead_of_the_claims(monkeypatch: Any) -> None:
-    schedule = DiscoverySchedule()
-    schedule.discovered((4, 10), now=0.0, batch=4)  # a full round: a backlog
+    schedule, rounds = _after_a_round(4, monkeypatch)  # a full round: a backlog
     assert schedule.backlog and schedule.unclaimed == 4
-    rounds = _Rounds(schedule, found=4)
-    _with_rounds(schedule, rounds, monkeypatch)
     schedule.took(3)
     rounds.ahead()  # 1 left unclaimed, under two rounds' worth: the next round runs
     assert rounds.rounds == 1 and schedule.unclaimed == 5
@@ -78,10 +83,7 @@ def test_through_a_backlog_discovery_runs_ahead_of_the_claims(monkeypatch: Any) 
 
 
 def test_a_round_that_is_not_full_ends_the_backlog(monkeypatch: Any) -> None:
-    schedule = DiscoverySchedule()
-    schedule.discovered((4, 10), now=0.0, batch=4)
-    rounds = _Rounds(schedule, found=1)
-    _with_rounds(schedule, rounds, monkeypatch)
+    schedule, rounds = _after_a_round(4, monkeypatch, found=1)
     schedule.took(4)
     rounds.ahead()
     assert rounds.rounds == 1 and not schedule.backlog
@@ -90,20 +92,14 @@ def test_a_round_that_is_not_full_ends_the_backlog(monkeypatch: Any) -> None:
 
 
 def test_without_a_backlog_nothing_runs_ahead(monkeypatch: Any) -> None:
-    schedule = DiscoverySchedule()
-    schedule.discovered((3, 10), now=0.0, batch=4)
-    rounds = _Rounds(schedule, found=4)
-    _with_rounds(schedule, rounds, monkeypatch)
+    schedule, rounds = _after_a_round(3, monkeypatch)
     schedule.took(3)
     rounds.ahead()
     assert rounds.rounds == 0 and schedule.unclaimed == 0
 
 
 def test_a_round_deferred_is_tried_again_at_the_next_call(monkeypatch: Any) -> None:
-    schedule = DiscoverySchedule()
-    schedule.discovered((4, 10), now=0.0, batch=4)
-    rounds = _Rounds(schedule, found=4, deferred=True)
-    _with_rounds(schedule, rounds, monkeypatch)
+    _schedule, rounds = _after_a_round(4, monkeypatch, deferred=True)
     rounds.ahead()  # the database is away: no error, no round
     assert rounds.rounds == 0
     rounds.deferred = False

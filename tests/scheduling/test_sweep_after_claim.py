@@ -11,15 +11,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from dbworker import Coordinator
 from dbworker.core.timing import PollBackoff
-from dbworker.dialects import Owner
-from dbworker.engines import coordination_engine
 from dbworker.scheduling.loop import Scheduler
 from dbworker.scheduling.outbox import Outbox
 from dbworker.scheduling.state import WorkerState
+
+from .rig import scheduler_of
 
 WORKER = "sweep_order"
 
@@ -31,10 +30,6 @@ class Base(DeclarativeBase):
 class Row(Base):
     __tablename__ = "sweep_order_rows"
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
-
-
-def handle(source: Any, session: Any) -> Any:
-    raise AssertionError("not run here")
 
 
 class _Slots:
@@ -54,24 +49,10 @@ class _Slots:
 
 @pytest.fixture
 def scheduled(database_url: str) -> Iterator[tuple[Scheduler, WorkerState, _Slots, sa.Engine]]:
-    app = sa.create_engine(database_url)
-    Base.metadata.create_all(app)
-    coordinator = Coordinator(sessionmaker(app), database_url=database_url)
-    coordinator.transactional_worker(name=WORKER, source=Row)(handle)
-    coordinator.create_worker_tables()
-    registration = coordinator._registration(WORKER)
-    dialect = coordinator._dialect
-    engine = coordination_engine(coordinator._url, dialect, coordinator.engine_options)
     slots = _Slots()
-    state = WorkerState(registration, slots, PollBackoff(0.25, 10.0))  # type: ignore[arg-type]
-    scheduler = Scheduler(engine, dialect, [state], coordinator._timings, Owner.current())
-    try:
+    backoff = PollBackoff(0.25, 10.0)
+    with scheduler_of(database_url, Base, Row, WORKER, slots, backoff) as (scheduler, state, app):
         yield scheduler, state, slots, app
-    finally:
-        scheduler.outbox.close()
-        engine.dispose()
-        Base.metadata.drop_all(app)
-        app.dispose()
 
 
 def _transactions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
