@@ -41,6 +41,7 @@ class _Rounds:
     (and for its ``run``): counts the rounds run, each finding ``found`` rows."""
 
     discovery_batch = 4
+    discovers_ahead = True
 
     def __init__(self, schedule: DiscoverySchedule, found: int, deferred: bool) -> None:
         self.schedule, self.found, self.deferred, self.rounds = schedule, found, deferred, 0

@@ -116,6 +116,9 @@ class DialectInterface(ABC):
     #: the scheduler up for its length: 250 (2-4 ms on PostgreSQL under load) fits in
     #: what a handler process's pipe holds, where 1,000 (10-20 ms) emptied them.
     discovery_batch: ClassVar[int] = 250
+    #: Through a backlog, whether the scheduler runs the next discovery round ahead of
+    #: the claims, while the executor has no room for one (``scheduling/discovery.py``).
+    discovers_ahead: ClassVar[bool] = True
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock

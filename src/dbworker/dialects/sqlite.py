@@ -78,6 +78,11 @@ class SQLiteDialect(Dialect):
     # One writer: a group's transaction would hold the write lock while its handlers
     # run; the FINISHes of items that wrote nothing take it once, for one statement.
     groups_lone_finishes: ClassVar[bool] = True
+    # One writer: a round run ahead took the write lock from the handler processes'
+    # FINISHes (a backlog of 12,000 drained at 0.85-0.90x), and without it, rounds of
+    # 250 held claims up more often than rounds of 1,000 (0.88x at 3,000 items).
+    discovers_ahead: ClassVar[bool] = False
+    discovery_batch: ClassVar[int] = 1000
     #: ``PRAGMA synchronous`` on dbworker's own connections (FULL: sync every commit).
     synchronous: ClassVar[str] = "NORMAL"
 

@@ -69,10 +69,14 @@ class DiscoverySchedule:
 
     def ahead(self, outbox: Outbox, dialect: Dialect, table: WorkerTable, now: float) -> None:
         """Through a backlog, run the next round (in a transaction of its own) once fewer
-        than ``AHEAD_BATCHES`` rounds' worth are left unclaimed; called while the executor
-        has no room for a claim. A round deferred (the database is away) is tried again
-        at a later call."""
-        if self.backlog and self.unclaimed < AHEAD_BATCHES * dialect.discovery_batch:
+        than ``AHEAD_BATCHES`` rounds' worth are left unclaimed, where the dialect allows
+        (``Dialect.discovers_ahead``); called while the executor has no room for a claim.
+        A round deferred (the database is away) is tried again at a later call."""
+        if (
+            dialect.discovers_ahead
+            and self.backlog
+            and self.unclaimed < AHEAD_BATCHES * dialect.discovery_batch
+        ):
             with contextlib.suppress(Deferred):
                 self.run(outbox, dialect, table, now)
 
