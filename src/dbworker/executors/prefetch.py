@@ -20,9 +20,10 @@ from typing import Protocol
 #: ~2,120 to ~2,520 (``benchmarks.throughput``, 3,000 items, medians of 3, two runs each;
 #: groups of up to 32 as well gained nothing more there and cost SQLite 5%). Once groups
 #: ran a no-op item in well under 0.1 ms, each process still waited with nothing to run
-#: for a third of a 12,000-item run on PostgreSQL, for the claim after its pipe ran
-#: dry; with 64 (and ``DEFAULT_PREFETCH`` 64), items/s per round over 32's: PostgreSQL
-#: 1.21x (median of 7 alternating rounds, every one faster), MariaDB 1.14x, SQLite 1.07x.
+#: for about a sixth of a 12,000-item run on PostgreSQL, for the claim after its pipe
+#: ran dry (a twelfth with 64 and discovery ahead); with 64 (and ``DEFAULT_PREFETCH``
+#: 64), items/s per round over 32's: PostgreSQL 1.21x (median of 7 alternating rounds,
+#: every one faster), MariaDB 1.14x, SQLite 1.07x.
 #: ``PrefetchPolicy.depth`` bounds it further to ``PREFETCH_HORIZON_SECONDS`` of recent
 #: work, and to one after a long invocation (``LONG_INVOCATION_SECONDS``).
 PIPE_DEPTH = 64
