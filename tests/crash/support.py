@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -142,6 +143,40 @@ def status_of(worker: Any, engine: Engine, item_id: int) -> ExecutionStatus | No
     with Session(engine) as session:
         found = worker.state(session, item_id)
     return None if found is None else found["execution_status"]
+
+
+def kill_mid_group(
+    coordinator: Coordinator,
+    worker: Any,
+    engine: Engine,
+    stopped: Path,
+    items: int,
+    in_flight: Callable[[int, int], None],
+    wait: float = 60.0,
+) -> tuple[int, int]:
+    """Start ``coordinator``; once a handler of ``worker`` (a ``coordinator.workers``
+    entry) has stopped in the middle of a group (it
+    wrote its item and process id to ``stopped``), check ``in_flight(previous item,
+    pid)`` (what must hold of the group before the crash), SIGKILL that process and wait
+    until items 1..``items`` are all FINISHED; the coordinator is stopped after. Returns
+    (the stopped item, the process killed)."""
+    coordinator.start()
+    try:
+        wait_until(stopped.exists, "an item to stop in the middle of a group", wait)
+        item, pid = (int(value) for value in stopped.read_text().split())
+        in_flight(item - 1, pid)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(
+            lambda: all(
+                status_of(worker, engine, i) is ExecutionStatus.FINISHED
+                for i in range(1, items + 1)
+            ),
+            "every item to finish",
+            wait,
+        )
+    finally:
+        coordinator.stop(timeout=0)
+    return item, pid
 
 
 def charged_crashes(worker: Any, engine: Engine, item_ids: Iterable[int]) -> dict[int, int]:

@@ -7,8 +7,6 @@ alone without charging any of them with the crash."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -18,10 +16,9 @@ from sqlalchemy.orm import Session
 from dbworker import ExecutionStatus
 from dbworker.dialects import for_url
 from dbworker.executors import prefetch
-from waiting import wait_until
 
 from . import group_app
-from .support import charged_crashes, status_of
+from .support import charged_crashes, kill_mid_group, status_of
 
 WAIT = 60.0
 ITEMS = group_app.ITEMS
@@ -55,30 +52,16 @@ def test_a_child_killed_mid_group_runs_each_item_of_it_again_and_commits_each_on
     )
     worker = coordinator.workers[group_app.WORKER]
 
-    def status(item_id: int) -> ExecutionStatus | None:
-        return status_of(worker, engine, item_id)
-
-    stopped = workdir / group_app.STOPPED
-    coordinator.start()
-    try:
-        wait_until(stopped.exists, "an item to stop in the middle of a group", WAIT)
-        item, pid = (int(value) for value in stopped.read_text().split())
-        previous = item - 1
+    def in_flight(previous: int, pid: int) -> None:
         # The item before it ran in the same process and its work is not committed:
         # the group is in flight, and the coordinator has heard nothing of it.
         assert group_app.last_run_pid(workdir, previous) == pid
         assert previous not in committed_effects(engine)
-        assert status(previous) is ExecutionStatus.WORKING
+        assert status_of(worker, engine, previous) is ExecutionStatus.WORKING
 
-        os.kill(pid, signal.SIGKILL)
-
-        wait_until(
-            lambda: all(status(i) is ExecutionStatus.FINISHED for i in range(1, ITEMS + 1)),
-            "every item to finish",
-            WAIT,
-        )
-    finally:
-        coordinator.stop(timeout=0)
+    stopped = workdir / group_app.STOPPED
+    item, pid = kill_mid_group(coordinator, worker, engine, stopped, ITEMS, in_flight, WAIT)
+    previous = item - 1
     effects = committed_effects(engine)
     assert sorted(effects) == list(range(1, ITEMS + 1))
     doubled = {i: runs for i, runs in effects.items() if len(runs) != 1}

@@ -7,8 +7,6 @@ item ends FINISHED."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -17,11 +15,10 @@ from sqlalchemy import Engine
 from dbworker import ExecutionStatus
 from dbworker.dialects import for_url
 from dbworker.executors import prefetch
-from waiting import wait_until
 
 from . import group_app
 from . import lone_finish_app as app
-from .support import charged_crashes, status_of
+from .support import charged_crashes, kill_mid_group, status_of
 
 WAIT = 60.0
 ITEMS = group_app.ITEMS
@@ -40,29 +37,15 @@ def test_a_child_killed_mid_group_runs_each_item_of_it_again_uncharged(
     )
     worker = coordinator.workers[app.WORKER]
 
-    def status(item_id: int) -> ExecutionStatus | None:
-        return status_of(worker, engine, item_id)
-
-    stopped = workdir / group_app.STOPPED
-    coordinator.start()
-    try:
-        wait_until(stopped.exists, "an item to stop in the middle of a group", WAIT)
-        item, pid = (int(value) for value in stopped.read_text().split())
-        previous = item - 1
+    def in_flight(previous: int, pid: int) -> None:
         # The item before it ran in the same process and finished, but its FINISH is
         # not recorded: the group is in flight, and the coordinator has heard nothing.
         assert app.runs(workdir, previous)[-1] == pid
-        assert status(previous) is ExecutionStatus.WORKING
+        assert status_of(worker, engine, previous) is ExecutionStatus.WORKING
 
-        os.kill(pid, signal.SIGKILL)
-
-        wait_until(
-            lambda: all(status(i) is ExecutionStatus.FINISHED for i in range(1, ITEMS + 1)),
-            "every item to finish",
-            WAIT,
-        )
-    finally:
-        coordinator.stop(timeout=0)
+    stopped = workdir / group_app.STOPPED
+    item, pid = kill_mid_group(coordinator, worker, engine, stopped, ITEMS, in_flight, WAIT)
+    previous = item - 1
     # The killed group's items ran again, in another process.
     for item_id in (previous, item):
         pids = app.runs(workdir, item_id)
