@@ -173,6 +173,9 @@ class Registration:
     _loader: SourceLoader | None = field(default=None, init=False, repr=False)
     #: A read of ``source_rows`` failed for good (``stop_reading_rows``).
     _rows_stopped: bool = field(default=False, init=False, repr=False)
+    #: Some query reads its records' status (``has_status``): a finish here may make
+    #: items eligible, its own worker's included.
+    status_read: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         mapper = source_mapper(self.source)
@@ -319,6 +322,7 @@ class Registration:
                 )
         if not wanted:
             raise ConfigurationError("statuses must name at least one ExecutionStatus")
+        self.status_read = True
         return self.dialect.status_condition(self.table, source_id, wanted)
 
 

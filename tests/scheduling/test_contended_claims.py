@@ -84,6 +84,7 @@ def _waits(results: list[list[Claim]]) -> list[float]:
     waits = []
     for _ in results:
         scheduler._poll(state, NOW)
+        assert state.polled_at == NOW  # a result's look again counts from it
         waits.append(state.next_poll - NOW)
     return waits
 

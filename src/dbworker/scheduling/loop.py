@@ -339,6 +339,7 @@ class Scheduler:
 
     def _poll(self, state: WorkerState, now: float) -> None:
         worker = state.worker
+        state.polled_at = now
         try:
             above = state.discovery.probe_above(now)
             if above is not None and not self.outbox.transaction(

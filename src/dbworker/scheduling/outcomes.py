@@ -20,6 +20,10 @@ from .state import HeldClaim, WorkerState
 
 log = logging.getLogger("dbworker")
 
+#: Results after which the item is not eligible again (a retry, an Unfinished, a crash,
+#: an unrecorded outcome or a lost claim may leave it to be claimed again).
+ENDED_FOR_GOOD = frozenset({ResultKind.FINISHED, ResultKind.FAILED})
+
 
 class Outcomes:
     def __init__(
@@ -53,11 +57,19 @@ class Outcomes:
             # Claimed again before this result was read, or a run whose claim was lost.
             held = state.completing.pop((source_id, token), None)
         self.health.completed += 1
-        # A finished item may make another worker's items eligible; look again soon.
+        # A result may make items eligible: another worker's (its eligible query may read
+        # this item's status, or rows its handler wrote), and its own worker's unless the
+        # item ended for good, held no limit and no query reads its status. Looking again
+        # at once after each of those, a worker with nothing left polled after every
+        # batch of results (every 1-5 ms through a wave of them), its transactions taking
+        # the database's and the machine's time from the endings under way.
         now = time.monotonic()
+        worker = state.worker
+        alone = (
+            result.kind in ENDED_FOR_GOOD and worker.table.limits is None and not worker.status_read
+        )
         for other in self.states.values():
-            other.backoff.reset()
-            other.next_poll = min(other.next_poll, now)
+            other.look_again(now, soon=other is not state or not alone)
         latency = None
         if held is not None:
             latency = max(0.0, now - held.started - result.duration)

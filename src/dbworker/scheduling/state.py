@@ -35,6 +35,8 @@ class WorkerState:
     executor: Executor
     backoff: PollBackoff
     next_poll: float = 0.0
+    #: When its last poll began.
+    polled_at: float = 0.0
     held: dict[Any, HeldClaim] = field(default_factory=dict)
     #: Runs that completed in the database (Unfinished, a retry) and were claimed
     #: again before their result was read, by (source_id, token).
@@ -48,6 +50,13 @@ class WorkerState:
 
     def __post_init__(self) -> None:
         self.contention = PollBackoff(CONTENDED_RETRY_SECONDS, self.backoff.maximum)
+
+    def look_again(self, now: float, *, soon: bool) -> None:
+        """A result came in that may have made items of this worker eligible: poll at
+        once if ``soon``, else no later than ``poll_seconds`` after the last poll (the
+        rows a handler wrote are new work, found as a busy worker finds it)."""
+        self.backoff.reset()
+        self.next_poll = min(self.next_poll, now if soon else self.polled_at + self.backoff.initial)
 
     def poll_now(self, now: float) -> None:
         """Poll at once, discovering first (a wake-up named this worker, or new ticks
