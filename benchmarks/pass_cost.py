@@ -3,7 +3,7 @@
 One coordinator's scheduler, no thread of its own and no handler process: for each of
 ``--passes`` rows, the benchmark commits the row (as an application would), wakes the
 worker as a wake-up would (``WorkerState.poll_now``) and runs one pass of its poll
-(``Scheduler._poll``: discovery and the claim in one transaction), timing the wall
+(``Polls.poll``: discovery and the claim in one transaction), timing the wall
 clock and this process's CPU (``time.process_time``: waiting for the server is not
 counted). The claimed item is then marked finished, so that every pass finds the same
 open records: one, the new row. The first ``--warmup`` passes are left out.
@@ -89,7 +89,7 @@ def measure(backend: str, passes: int, warmup: int) -> dict[str, float]:
                 now = time.monotonic()
                 state.poll_now(now)
                 wall, cpu = time.perf_counter(), time.process_time()
-                scheduler._poll(state, now)
+                scheduler.polls.poll(state, now)
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 if slots.submitted != item:
                     raise AssertionError(f"pass {item} claimed {slots.submitted - item + 1} rows")

@@ -12,7 +12,7 @@ import pytest
 from dbworker.core.timing import PollBackoff, Timings
 from dbworker.dialects import Claim, Claims
 from dbworker.scheduling.discovery import DiscoverySchedule
-from dbworker.scheduling.loop import Scheduler
+from dbworker.scheduling.polling import Polls
 from dbworker.scheduling.state import CONTENDED_RETRY_SECONDS, WorkerState
 
 #: Polling so rare that a poll due within a second can only be a contention retry.
@@ -58,15 +58,10 @@ class _NoDiscovery(DiscoverySchedule):
         return 0, None
 
 
-def _scheduler(dialect: _Dialect) -> Any:
-    scheduler: Any = Scheduler.__new__(Scheduler)
-    scheduler.dialect = dialect
-    scheduler.outbox = _Outbox()
-    scheduler.timings = TIMINGS
-    scheduler.owner = None
-    scheduler.health = SimpleNamespace(claimed=0)
-    scheduler.outcomes = SimpleNamespace(claimed=lambda state, claim: True)
-    return scheduler
+def _polls(dialect: _Dialect) -> Any:
+    outcomes: Any = SimpleNamespace(claimed=lambda state, claim: True)
+    health: Any = SimpleNamespace(claimed=0)
+    return Polls(_Outbox(), dialect, TIMINGS, None, health, outcomes)  # type: ignore[arg-type]
 
 
 def _state() -> WorkerState:
@@ -80,10 +75,10 @@ def _state() -> WorkerState:
 def _waits(results: list[list[Claim]]) -> list[float]:
     dialect = _Dialect()
     dialect.results = list(results)
-    scheduler, state = _scheduler(dialect), _state()
+    polls, state = _polls(dialect), _state()
     waits = []
     for _ in results:
-        scheduler._poll(state, NOW)
+        polls.poll(state, NOW)
         assert state.polled_at == NOW  # a result's look again counts from it
         waits.append(state.next_poll - NOW)
     return waits
@@ -115,6 +110,6 @@ def test_a_claim_without_skips_ends_the_contention_backoff() -> None:
 def test_a_skipping_claim_keeps_the_worker_from_probing() -> None:
     dialect = _Dialect()
     dialect.results = [Claims.of((), skipped=1)]
-    scheduler, state = _scheduler(dialect), _state()
-    scheduler._poll(state, NOW)
+    polls, state = _polls(dialect), _state()
+    polls.poll(state, NOW)
     assert not state.discovery.idle, "records are there: the next poll must claim"

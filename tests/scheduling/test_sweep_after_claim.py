@@ -80,7 +80,7 @@ def test_a_pass_claims_before_it_sweeps_and_claims_what_the_sweep_adds(
     scheduler, state, slots, app = scheduled
     _insert(app, 10)
     now = time.monotonic()
-    scheduler._poll(state, now)  # the first: discovery, the claim, then the full sweep
+    scheduler.polls.poll(state, now)  # the first: discovery, the claim, then the full sweep
     assert slots.keys == [10]
     # A row committed below the watermark (out of key order): only a sweep finds it.
     _insert(app, 5)
@@ -88,10 +88,10 @@ def test_a_pass_claims_before_it_sweeps_and_claims_what_the_sweep_adds(
     state.discovery.next_sweep = 0.0  # the recent rows' sweep is due
     now = time.monotonic()
     state.poll_now(now)
-    scheduler._poll(state, now)
+    scheduler.polls.poll(state, now)
     assert seen == ["discovering and claiming", "sweeping recent rows"], seen
     assert slots.keys == [10]
     # The claim found nothing, but the sweep added a record: the next poll is now.
     assert state.next_poll <= now and not state.discovery.idle
-    scheduler._poll(state, now)
+    scheduler.polls.poll(state, now)
     assert slots.keys == [10, 5]
