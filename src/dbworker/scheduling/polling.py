@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
@@ -19,24 +20,16 @@ from .state import WorkerState
 log = logging.getLogger("dbworker")
 
 
+@dataclass(slots=True)
 class Polls:
     """The scheduler's polls of its workers (``Scheduler``: when each is due)."""
 
-    def __init__(
-        self,
-        outbox: Outbox,
-        dialect: Dialect,
-        timings: Timings,
-        owner: Owner,
-        health: SchedulerHealth,
-        outcomes: Outcomes,
-    ) -> None:
-        self.outbox = outbox
-        self.dialect = dialect
-        self.timings = timings
-        self.owner = owner
-        self.health = health
-        self.outcomes = outcomes
+    outbox: Outbox
+    dialect: Dialect
+    timings: Timings
+    owner: Owner
+    health: SchedulerHealth
+    outcomes: Outcomes
 
     def poll(self, state: WorkerState, now: float) -> None:
         """Discover (when due) and claim for ``state``'s worker, which has free slots;
