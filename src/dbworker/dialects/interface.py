@@ -117,7 +117,7 @@ class DialectInterface(ABC):
     #: what a handler process's pipe holds, where 1,000 (10-20 ms) emptied them.
     discovery_batch: ClassVar[int] = 250
     #: Through a backlog, whether the scheduler runs the next discovery round ahead of
-    #: the claims, while the executor has no room for one (``scheduling/discovery.py``).
+    #: the claims, on passes that do not poll the worker (``scheduling/discovery.py``).
     discovers_ahead: ClassVar[bool] = True
 
     def __init__(self, clock: Clock | None = None) -> None:

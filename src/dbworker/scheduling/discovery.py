@@ -5,8 +5,9 @@ whose inserts commit after a larger key was discovered land below it: a sweep of
 the keys discovered recently (within ``SWEEP_HORIZON_SECONDS``) finds them, and
 a full sweep, rarely, anything older.
 
-Through a backlog (a discovery round came back full), the next round runs ahead,
-while the executor has no room for more claims, once fewer than ``AHEAD_BATCHES``
+Through a backlog (a discovery round came back full), the next round runs ahead, on
+a pass of the loop that does not poll the worker (the executor has no room for a claim,
+or the poll is not due yet), once fewer than ``AHEAD_BATCHES``
 rounds' worth of the records discovered are left unclaimed here: waited for until a
 claim came back short, each round of a backlog held the next claim up by its own
 length (10-20 ms for a round of 1,000 on PostgreSQL, busy), and every handler process
@@ -70,7 +71,8 @@ class DiscoverySchedule:
     def ahead(self, outbox: Outbox, dialect: Dialect, table: WorkerTable, now: float) -> None:
         """Through a backlog, run the next round (in a transaction of its own) once fewer
         than ``AHEAD_BATCHES`` rounds' worth are left unclaimed, where the dialect allows
-        (``Dialect.discovers_ahead``); called while the executor has no room for a claim.
+        (``Dialect.discovers_ahead``); called on each pass of the loop that does not poll
+        the worker (no room for a claim, or its poll not due).
         A round deferred (the database is away) is tried again at a later call."""
         if (
             dialect.discovers_ahead
